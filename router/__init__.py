@@ -1,0 +1,1 @@
+"""prfaas_sgl.router"""
