@@ -1,0 +1,96 @@
+"""Every SGLang touch point of prfaas_sgl, gated on the one SGLang version it was written against.
+
+`install()` runs in every SGLang process (plugin loader). It registers hooks that are cheap until used:
+- the `--prfaas-*` flag group and the frozen `PrfaasConfig` stored on the server-args record;
+- the `prfaas_zmq` transfer backend (enum member, CLI choice, KV classes), if the transport is present;
+- CPU fixes, only when SGLang runs on CPU (`SGLANG_USE_CPU_ENGINE=1`).
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import sys
+
+from prfaas_sgl import config as prfaas_config
+
+log = logging.getLogger(__name__)
+
+PINNED_SGLANG = "0.5.23"
+CONFIG_ATTR = "_prfaas_config"  # underscore attrs survive ServerArgs pickling and its post-resolve seal
+BACKEND = "prfaas_zmq"
+
+
+class VersionMismatch(SystemExit):
+    """SystemExit so SGLang's plugin loader (which logs and swallows Exceptions) cannot bury it."""
+
+
+def install() -> None:
+    if not _version_ok():
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _after_add_cli_args, HookType.AFTER)
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", _around_from_cli_args, HookType.AROUND)
+    _install_transfer_backend(HookRegistry, HookType)
+    if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
+        from prfaas_sgl.cpu import fixes
+
+        fixes.install(HookRegistry, HookType)
+
+
+def _version_ok() -> bool:
+    try:
+        found = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        found = "not installed"
+    if found == PINNED_SGLANG:
+        return True
+    msg = f"prfaas_sgl supports sglang=={PINNED_SGLANG} only; found sglang {found}. Install sglang=={PINNED_SGLANG}."
+    if _prfaas_requested(sys.argv):
+        raise VersionMismatch(f"error: {msg}")
+    log.warning("%s prfaas_sgl stays inactive.", msg)
+    return False
+
+
+def _prfaas_requested(argv: list[str]) -> bool:
+    return any(a.startswith("--prfaas-") or a == BACKEND for a in argv)
+
+
+# --- flags and config ---------------------------------------------------------------------------
+
+
+def _after_add_cli_args(result, parser, *args, **kwargs):
+    prfaas_config.add_flags(parser)
+    parser.set_defaults(_prfaas_parser=parser)  # lets from_cli_args report errors the argparse way
+    return result
+
+
+def _around_from_cli_args(original, cls, ns, *args, **kwargs):
+    server_args = original(cls, ns, *args, **kwargs)
+    try:
+        cfg = prfaas_config.from_namespace(ns)
+    except ValueError as e:
+        parser = getattr(ns, "_prfaas_parser", None)
+        if parser is None:
+            raise
+        parser.error(str(e))  # exits 2 with usage and the message naming the flag
+    setattr(server_args, CONFIG_ATTR, cfg)
+    return server_args
+
+
+def get_config(server_args) -> prfaas_config.PrfaasConfig:
+    """The server's PrfaasConfig (defaults when the server was built without the CLI, e.g. Engine())."""
+    return getattr(server_args, CONFIG_ATTR, None) or prfaas_config.PrfaasConfig()
+
+
+# --- transfer backend ----------------------------------------------------------------------------
+
+
+def _install_transfer_backend(HookRegistry, HookType) -> None:
+    try:
+        from prfaas_sgl.transfer import sglang_backend
+    except ImportError as e:  # transport not built yet or its deps missing: SGLang's own backends still work
+        log.debug("prfaas_zmq backend unavailable: %s", e)
+        return
+    sglang_backend.register(HookRegistry, HookType)

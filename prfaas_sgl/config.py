@@ -1,0 +1,92 @@
+"""The plugin's one frozen config per SGLang process, and the `--prfaas-*` flags generated from it.
+
+No sglang import here: the flags are added to SGLang's parser by `compat`, and the parsed values travel
+into SGLang's subprocesses as one `PrfaasConfig` stored on the (pickled) server-args record.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+ROLES = ("none", "remote", "local")
+HASHES = ("xxh3", "crc32")
+
+
+def _opt(help: str, **kw) -> Any:
+    return field(metadata={"help": help, **kw.pop("meta", {})}, **kw)
+
+
+@dataclass(frozen=True)
+class PrfaasConfig:
+    """Per-server prfaas settings. Units in names: bytes, seconds."""
+
+    role: str = _opt(
+        "Which datacenter this server belongs to: 'remote' (PrfaaS prefill cluster), 'local' (PD cluster), "
+        "or 'none'. Labels telemetry; the router decides routing.",
+        default="none", meta={"choices": ROLES},
+    )
+    zmq_connections: int = _opt("TCP connections per prefill->decode pair for prfaas_zmq.", default=4)
+    zmq_chunk_bytes: int = _opt("Bytes per striped chunk on the prfaas_zmq data plane.", default=1 << 20)
+    zmq_window_bytes: int = _opt(
+        "Max bytes in flight per transfer before the sender waits for acknowledgements (backpressure).",
+        default=64 << 20,
+    )
+    zmq_timeout_s: float = _opt("A transfer that makes no progress for this long fails.", default=30.0)
+    zmq_checksum: str = _opt("Per-chunk checksum.", default="xxh3", meta={"choices": HASHES})
+    zmq_curve_keys: str = _opt(
+        "Directory with CurveZMQ keys (server.key_secret, client.key_secret, authorized/*.key): encrypts "
+        "and authenticates the KV data plane. Empty = plaintext.",
+        default="",
+    )
+    zmq_data_port: int = _opt(
+        "First TCP port of the decode-side data-plane listener (0 = pick free ports).", default=0
+    )
+    zmq_stats_port: int = _opt("Port of the transport's JSON stats endpoint (0 = off).", default=0)
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"--prfaas-role must be one of {ROLES}, got {self.role!r}")
+        if not 1 <= self.zmq_connections <= 64:
+            raise ValueError(f"--prfaas-zmq-connections must be in 1..64, got {self.zmq_connections}")
+        if not 4096 <= self.zmq_chunk_bytes <= (256 << 20):
+            raise ValueError(
+                f"--prfaas-zmq-chunk-bytes must be in 4096..268435456, got {self.zmq_chunk_bytes}"
+            )
+        if self.zmq_window_bytes < self.zmq_chunk_bytes:
+            raise ValueError(
+                f"--prfaas-zmq-window-bytes ({self.zmq_window_bytes}) must be >= --prfaas-zmq-chunk-bytes "
+                f"({self.zmq_chunk_bytes})"
+            )
+        if self.zmq_timeout_s <= 0:
+            raise ValueError(f"--prfaas-zmq-timeout-s must be > 0, got {self.zmq_timeout_s}")
+        if self.zmq_checksum not in HASHES:
+            raise ValueError(f"--prfaas-zmq-checksum must be one of {HASHES}, got {self.zmq_checksum!r}")
+        if self.zmq_curve_keys and not os.path.isdir(self.zmq_curve_keys):
+            raise ValueError(f"--prfaas-zmq-curve-keys: {self.zmq_curve_keys!r} is not a directory")
+        for name in ("zmq_data_port", "zmq_stats_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise ValueError(f"--prfaas-{name.replace('_', '-')} must be in 0..65535, got {port}")
+
+
+def flag(name: str) -> str:
+    return "--prfaas-" + name.replace("_", "-")
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Adds one `--prfaas-*` option per `PrfaasConfig` field (dest `prfaas_<field>`)."""
+    group = parser.add_argument_group("prfaas", "Prefill-as-a-Service (prfaas_sgl plugin)")
+    for f in fields(PrfaasConfig):
+        kw = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
+        typ = type(f.default) if f.default is not MISSING else str
+        group.add_argument(
+            flag(f.name), dest=f"prfaas_{f.name}", type=typ, default=f.default, help=f.metadata["help"], **kw
+        )
+
+
+def from_namespace(ns: argparse.Namespace) -> PrfaasConfig:
+    """Raises ValueError naming the flag when a value or combination is invalid."""
+    values = {f.name: getattr(ns, f"prfaas_{f.name}") for f in fields(PrfaasConfig) if hasattr(ns, f"prfaas_{f.name}")}
+    return PrfaasConfig(**values)

@@ -1,0 +1,53 @@
+"""Small fixes that let stock SGLang 0.5.23 serve hybrid models on a CPU without AMX.
+
+Each fix is one named function with the reason in its docstring; `install` applies all of them. They run
+only when SGLang is in CPU mode (`SGLANG_USE_CPU_ENGINE=1`), never on a GPU machine.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def install(HookRegistry, HookType) -> None:
+    for fix in (fla_gated_rmsnorm_on_cpu,):
+        fix()
+    HookRegistry.register(
+        "sglang.srt.models.qwen3_next.Qwen3GatedDeltaNet.__init__", qwen3_next_current_device, HookType.AROUND
+    )
+
+
+def fla_gated_rmsnorm_on_cpu() -> None:
+    """Gated RMSNorm picks its CPU op only when AMX is present; otherwise it launches a Triton kernel that
+    queries the CUDA SM count and crashes. Our `torch.ops.sgl_kernel.fused_rmsnorm_gated_cpu` stand-in
+    serves the CPU branch without AMX, so turn that branch on."""
+    for name in (
+        "sglang.kernels.ops.attention.fla.layernorm_gated",
+        "sglang.kernels.ops.attention.fla.fused_norm_gate",
+    ):
+        module = importlib.import_module(name)
+        if not module._use_cpu:
+            module._use_cpu = True
+            log.info("prfaas_sgl cpu fix: %s uses the CPU gated-RMSNorm op", name)
+
+
+def qwen3_next_current_device(original, self, *args, **kwargs):
+    """Qwen3GatedDeltaNet.__init__ calls `torch.get_device_module().current_device()`, which on a CUDA build
+    of torch without a driver resolves to torch.cuda and raises; on CPU the answer is simply 'cpu'."""
+    with _device_module_is_cpu():
+        return original(self, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def _device_module_is_cpu():
+    import torch
+
+    saved = torch.get_device_module
+    torch.get_device_module = lambda device=None: torch.cpu if device is None else saved(device)
+    try:
+        yield
+    finally:
+        torch.get_device_module = saved

@@ -1,0 +1,223 @@
+"""Start real SGLang servers as subprocesses (tests, demo, scripts) and always clean them up.
+
+Each server runs in its own session (process group), so `stop()` reaches SGLang's scheduler and
+detokenizer children too. Servers are stopped on `stop()`, on context exit, at interpreter exit, and on
+SIGTERM/SIGINT of the launching process.
+
+    with SGLangServer(ServerSpec(model_path=..., port=free_port())) as srv:
+        requests.post(srv.url + "/generate", ...)
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MODES = ("colocated", "prefill", "decode")
+_LIVE: set["SGLangServer"] = set()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def is_hybrid(model_path: str | Path) -> bool:
+    conf = json.loads((Path(model_path) / "config.json").read_text())
+    return "linear_attention" in conf.get("layer_types", [])
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    model_path: str
+    port: int
+    host: str = "127.0.0.1"
+    mode: str = "colocated"
+    transfer_backend: str = "mooncake"
+    bootstrap_port: int | None = None  # prefill only
+    max_total_tokens: int = 65536
+    chunked_prefill_size: int | None = None
+    page_size: int | None = None
+    extra_args: tuple[str, ...] = ()
+    env: dict = field(default_factory=dict)
+    log_path: str | None = None
+    netns: str | None = None  # run inside `ip netns exec NAME` (emulated remote datacenter)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.mode == "prefill" and self.bootstrap_port is None:
+            raise ValueError("a prefill server needs bootstrap_port")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def cpu_args(spec: ServerSpec) -> list[str]:
+    """The flags SGLang 0.5.23 needs to serve on CPU (see sglang-notes.md), plus the spec's own."""
+    args = [
+        "--model-path", spec.model_path, "--host", spec.host, "--port", str(spec.port),
+        "--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule",
+        "--dtype", "float32", "--max-total-tokens", str(spec.max_total_tokens),
+        "--skip-server-warmup",
+    ]
+    if is_hybrid(spec.model_path):
+        args += ["--mamba-radix-cache-strategy", "no_buffer"]
+    if spec.chunked_prefill_size:
+        args += ["--chunked-prefill-size", str(spec.chunked_prefill_size)]
+    if spec.page_size:
+        args += ["--page-size", str(spec.page_size)]
+    if spec.mode != "colocated":
+        args += [
+            "--disaggregation-mode", spec.mode,
+            "--disaggregation-transfer-backend", spec.transfer_backend,
+            # The default backup path calls cudaHostRegister.
+            "--disaggregation-decode-retraction-backup", "none",
+        ]
+        if spec.mode == "prefill":
+            args += ["--disaggregation-bootstrap-port", str(spec.bootstrap_port)]
+    return args + list(spec.extra_args)
+
+
+def cpu_env(spec: ServerSpec) -> dict:
+    env = dict(os.environ)
+    env.update({
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "SGLANG_HOST_IP": spec.host,  # advertised to the PD peer
+        "MC_FORCE_TCP": "1",  # Mooncake: TCP transport, no RDMA device lookup
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(spec.env)
+    return env
+
+
+class SGLangServer:
+    def __init__(self, spec: ServerSpec):
+        self.spec = spec
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    def start(self) -> "SGLangServer":
+        cmd = [sys.executable, "-m", "sglang.launch_server", *cpu_args(self.spec)]
+        if self.spec.netns:
+            cmd = ["ip", "netns", "exec", self.spec.netns, *cmd]
+        log_path = Path(self.spec.log_path or f"/tmp/prfaas-sglang-{self.spec.port}.log")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=cpu_env(self.spec), start_new_session=True
+        )
+        _LIVE.add(self)
+        _install_cleanup()
+        return self
+
+    def wait_healthy(self, timeout_s: float = 300.0) -> "SGLangServer":
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"SGLang server on :{self.spec.port} exited ({self.proc.returncode}); "
+                                   f"log tail:\n{self.log_tail()}")
+            if _http_ok(self.url + "/health"):
+                return self
+            time.sleep(0.5)
+        raise TimeoutError(f"SGLang server on :{self.spec.port} not healthy after {timeout_s}s; "
+                           f"log tail:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 40) -> str:
+        path = Path(self._log.name) if self._log else None
+        if not path or not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Kills the whole process group: SIGTERM, then SIGKILL after `grace_s`."""
+        _LIVE.discard(self)
+        if self.proc is None or self.proc.poll() is not None and not _group_alive(self.proc.pid):
+            self._close_log()
+            return
+        _signal_group(self.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _group_alive(self.proc.pid):
+            time.sleep(0.2)
+        _signal_group(self.proc.pid, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._close_log()
+
+    def kill(self) -> None:
+        """Hard kill (fault injection): SIGKILL to the whole group, no grace."""
+        _signal_group(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def _close_log(self):
+        if self._log:
+            self._log.close()
+
+    def __enter__(self):
+        return self.start().wait_healthy()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def stop_all() -> None:
+    for srv in list(_LIVE):
+        srv.stop(grace_s=3.0)
+
+
+def _on_signal(signum, frame):
+    stop_all()
+    raise SystemExit(128 + signum)
+
+
+def _install_cleanup() -> None:
+    """Once per process, on the first start(): atexit covers normal exit and Ctrl-C; SIGTERM is mapped
+    to SystemExit so atexit runs then too."""
+    if getattr(_install_cleanup, "done", False):
+        return
+    _install_cleanup.done = True
+    atexit.register(stop_all)
+    try:
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, _on_signal)
+    except ValueError:  # not the main thread
+        pass

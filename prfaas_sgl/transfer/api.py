@@ -1,0 +1,51 @@
+"""The interface higher layers (the SGLang backend, the router's tests) program against.
+
+`ZmqSender`/`ZmqReceiver` implement it over the network; `fake.FakeTransport` in process.
+Contract, both sides: calls are thread-safe and never block on the network; `poll()` is cheap and
+returns the latest `TransferStatus`; a terminal status never changes; `release()` forgets a transfer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from prfaas_sgl.transfer.config import PeerInfo
+from prfaas_sgl.transfer.layout import MemoryLayout, Region
+from prfaas_sgl.transfer.states import TransferStatus
+
+
+class KVReceiver(Protocol):
+    layout: MemoryLayout
+    address: PeerInfo
+
+    def expect(self, transfer_id: int, regions: Sequence[Region], timeout_s: float | None = None) -> None:
+        """Pre-register destination regions; bytes land there in per-buffer stream order."""
+
+    def poll(self, transfer_id: int) -> TransferStatus: ...
+
+    def wait(self, transfer_id: int, timeout: float) -> TransferStatus: ...
+
+    def abort(self, transfer_id: int, reason: str = ...) -> None: ...
+
+    def release(self, transfer_id: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class KVSender(Protocol):
+    layout: MemoryLayout
+
+    def send(self, transfer_id: int, peer: PeerInfo, regions: Sequence[Region], last: bool = False,
+             timeout_s: float | None = None) -> None:
+        """Queue source regions; call once per finished prefill chunk, `last=True` with states + aux."""
+
+    def poll(self, transfer_id: int) -> TransferStatus: ...
+
+    def wait(self, transfer_id: int, timeout: float) -> TransferStatus: ...
+
+    def abort(self, transfer_id: int, reason: str = ...) -> None: ...
+
+    def release(self, transfer_id: int) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,143 @@
+"""Memory layout of one side of a transfer, modelled on SGLang's `KVArgs`, and page → region math.
+
+A side registers a list of buffers, indexed by buffer id:
+
+    [K layer 0, ..., K layer L-1, V layer 0, ..., V layer L-1, state 0, ..., state S-1, aux]
+     └──────────── kind "kv": item = one page ──────────────┘  └─ "state": one slot ─┘  └ one row
+
+Buffer `b` holds `num_items` items of `item_len` bytes; item `i` is bytes [i·item_len, (i+1)·item_len).
+A transfer moves *regions* — (buffer_id, offset, length) runs — and each buffer's regions, in the order
+given, form that buffer's byte stream. Sender stream and receiver stream of a buffer must have equal
+length; byte k of one lands on byte k of the other. Chunked prefill therefore works piece by piece:
+the receiver lists all its pages up front, the sender sends pages in the same request order as they finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+BUFFER_KINDS = ("kv", "state", "aux")
+
+
+class BufferSpec(msgspec.Struct, frozen=True):
+    """One registered buffer: `kind` in BUFFER_KINDS, `item_len` bytes per page/slot/row."""
+
+    kind: str
+    item_len: int
+    num_items: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.item_len * self.num_items
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """Bytes [offset, offset + length) of buffer `buffer_id`."""
+
+    buffer_id: int
+    offset: int
+    length: int
+
+
+class MemoryLayout(msgspec.Struct, frozen=True):
+    """The buffers one side registered. Wire-visible (sent in `Open`), so plain msgspec."""
+
+    buffers: tuple[BufferSpec, ...]
+
+    def __post_init__(self) -> None:
+        for i, b in enumerate(self.buffers):
+            if b.kind not in BUFFER_KINDS:
+                raise ValueError(f"buffer {i}: kind {b.kind!r} not in {BUFFER_KINDS}")
+            if b.item_len <= 0 or b.num_items < 0:
+                raise ValueError(f"buffer {i}: item_len {b.item_len} must be > 0, num_items >= 0")
+
+    def ids_of(self, kind: str) -> list[int]:
+        return [i for i, b in enumerate(self.buffers) if b.kind == kind]
+
+    def check_region(self, r: Region) -> None:
+        """Raise ValueError if `r` leaves its buffer."""
+        if not 0 <= r.buffer_id < len(self.buffers):
+            raise ValueError(f"region buffer_id {r.buffer_id} not in 0..{len(self.buffers) - 1}")
+        size = self.buffers[r.buffer_id].nbytes
+        if r.offset < 0 or r.length <= 0 or r.offset + r.length > size:
+            raise ValueError(f"region {r} outside buffer {r.buffer_id} of {size} bytes")
+
+    def mismatch(self, other: "MemoryLayout") -> str | None:
+        """Why `other` (the peer's layout) cannot exchange data with this one, or None.
+
+        Pool sizes (`num_items`) may differ between sides; count, kind and item_len may not.
+        """
+        if len(self.buffers) != len(other.buffers):
+            return f"layout mismatch: peer has {len(other.buffers)} buffers, this side {len(self.buffers)}"
+        for i, (mine, theirs) in enumerate(zip(self.buffers, other.buffers)):
+            if mine.kind != theirs.kind:
+                return f"layout mismatch: buffer {i} kind peer={theirs.kind!r} here={mine.kind!r}"
+            if mine.item_len != theirs.item_len:
+                return (f"layout mismatch: buffer {i} ({mine.kind}) item_len (page/slot size) "
+                        f"peer={theirs.item_len} B here={mine.item_len} B")
+        return None
+
+
+def kv_layout(num_layers: int, page_bytes: int, num_pages: int, state_bytes: Sequence[int] = (),
+              num_slots: int = 0, aux_bytes: int = 0, num_aux: int = 0) -> MemoryLayout:
+    """SGLang-shaped layout: K buffers, V buffers (one per layer), state buffers, optional aux."""
+    kv = [BufferSpec("kv", page_bytes, num_pages) for _ in range(2 * num_layers)]
+    states = [BufferSpec("state", n, num_slots) for n in state_bytes]
+    aux = [BufferSpec("aux", aux_bytes, num_aux)] if aux_bytes else []
+    return MemoryLayout(tuple(kv + states + aux))
+
+
+def coalesce(item_len: int, indices: Iterable[int]) -> list[tuple[int, int]]:
+    """Group item indices, in the given order, into (byte offset, byte length) runs.
+
+    Consecutive indices i, i+1, ... merge into one run; order is preserved (no sorting), because the
+    order defines the byte stream. [3, 4, 5, 9, 1, 2] → runs for items [3..5], [9], [1..2].
+    """
+    runs: list[tuple[int, int]] = []
+    start = prev = None
+    for i in indices:
+        if prev is not None and i == prev + 1:
+            prev = i
+            continue
+        if start is not None:
+            runs.append((start * item_len, (prev - start + 1) * item_len))
+        start = prev = i
+    if start is not None:
+        runs.append((start * item_len, (prev - start + 1) * item_len))
+    return runs
+
+
+def item_regions(layout: MemoryLayout, buffer_ids: Iterable[int], indices: Sequence[int]) -> list[Region]:
+    """Regions covering items `indices` (pages or slots) of every buffer in `buffer_ids`, coalesced."""
+    out: list[Region] = []
+    for b in buffer_ids:
+        item_len = layout.buffers[b].item_len
+        out.extend(Region(b, off, n) for off, n in coalesce(item_len, indices))
+    return out
+
+
+def page_regions(layout: MemoryLayout, pages: Sequence[int]) -> list[Region]:
+    """Regions of `pages` in every KV buffer (all layers' K then V)."""
+    return item_regions(layout, layout.ids_of("kv"), pages)
+
+
+def tail_regions(layout: MemoryLayout, state_slot: int | None, aux_index: int | None) -> list[Region]:
+    """Regions of one state slot in every state buffer plus one aux row (the last piece of a request)."""
+    out: list[Region] = []
+    if state_slot is not None:
+        out += item_regions(layout, layout.ids_of("state"), [state_slot])
+    if aux_index is not None:
+        out += item_regions(layout, layout.ids_of("aux"), [aux_index])
+    return out
+
+
+def stream_lengths(regions: Iterable[Region]) -> dict[int, int]:
+    """Bytes per buffer id in `regions`."""
+    totals: dict[int, int] = {}
+    for r in regions:
+        totals[r.buffer_id] = totals.get(r.buffer_id, 0) + r.length
+    return totals

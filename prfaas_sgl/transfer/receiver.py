@@ -1,0 +1,283 @@
+"""Receiving end (decode side): one ROUTER socket on one loop thread writes chunks in place.
+
+A transfer completes only when Close has arrived, every chunk's checksum matched, no chunk repeated,
+and every buffer stream is filled exactly; anything else ends FAILED / ABORTED / TIMED_OUT with a reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+import zmq
+
+from prfaas_sgl.transfer import faults as F
+from prfaas_sgl.transfer.buffers import register
+from prfaas_sgl.transfer.chunking import DestStream, dest_streams, scatter
+from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
+from prfaas_sgl.transfer.layout import MemoryLayout, Region
+from prfaas_sgl.transfer.loop import SocketLoop, make_socket
+from prfaas_sgl.transfer.messages import (Abort, Ack, Chunk, Close, Codec, DecodeError, Done, Failed, Open,
+                                          OpenAck)
+from prfaas_sgl.transfer.security import secure_server, server_public_key
+from prfaas_sgl.transfer.states import UNKNOWN_STATUS, TransferState as S, TransferStatus
+
+log = logging.getLogger(__name__)
+_DRAIN_MAX = 64  # messages handled per wake-up before deadlines are looked at again
+
+
+@dataclass(slots=True)
+class _InTransfer:
+    tid: int
+    streams: dict[int, DestStream]
+    deadline: float
+    timeout_s: float
+    state: S = S.WAITING
+    reason: str = ""
+    sender: bytes | None = None  # ROUTER identity of the connection that opened it
+    seqs: set[int] = field(default_factory=set)
+    nbytes: int = 0
+    close: Close | None = None
+
+    @property
+    def expected(self) -> int:
+        return sum(s.total for s in self.streams.values())
+
+
+class ZmqReceiver(SocketLoop):
+    """Receives into `buffers` (one per `layout` entry: bytearray / numpy / (address, nbytes))."""
+
+    def __init__(self, layout: MemoryLayout, buffers: Sequence[Any], cfg: TransferConfig,
+                 host: str = "127.0.0.1", port: int = 0, faults: tuple[F.Fault, ...] = ()) -> None:
+        super().__init__("transfer-recv")
+        self.layout, self.cfg = layout, cfg
+        self._views = register(layout, buffers, writable=True)
+        self._slow = F.find(faults, F.SlowReceiver)
+        self._transfers: dict[int, _InTransfer] = {}
+        self._status: dict[int, TransferStatus] = {}
+        # non-terminal subset of _transfers, the only ones whose deadlines need checking
+        self._active: dict[int, _InTransfer] = {}
+        self._done_cv = threading.Condition()
+        self._codec = Codec()
+        self._ctx = zmq.Context(io_threads=cfg.io_threads)
+        self._sock = make_socket(self._ctx, zmq.ROUTER, cfg)
+        self._auth = secure_server(self._ctx, self._sock, cfg.keys_dir) if cfg.keys_dir else None
+        self._sock.bind(f"tcp://{host}:{port}")
+        bound_port = int(self._sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+        key = server_public_key(cfg.keys_dir) if cfg.keys_dir else None
+        self.address = PeerInfo(host, bound_port, key)
+        self.start()
+
+    # -- public API (any thread) ------------------------------------------------------------------
+    def expect(self, transfer_id: int, regions: Sequence[Region], timeout_s: float | None = None) -> None:
+        """Pre-register destination `regions` (stream order per buffer) for `transfer_id`."""
+        for r in regions:
+            self.layout.check_region(r)
+        timeout = timeout_s or self.cfg.timeout_s
+        t = _InTransfer(transfer_id, dest_streams(regions), time.monotonic() + timeout, timeout)
+        self.call_sync(self._add, t)
+
+    def poll(self, transfer_id: int) -> TransferStatus:
+        return self._status.get(transfer_id, UNKNOWN_STATUS)
+
+    def wait(self, transfer_id: int, timeout: float) -> TransferStatus:
+        """Block until the transfer is terminal or `timeout` seconds pass; returns the last status."""
+        end = time.monotonic() + timeout
+        with self._done_cv:
+            while not self.poll(transfer_id).state.terminal and time.monotonic() < end:
+                self._done_cv.wait(min(0.1, max(0.0, end - time.monotonic())))
+        return self.poll(transfer_id)
+
+    def abort(self, transfer_id: int, reason: str = "aborted by receiver") -> None:
+        self.call(self._abort_local, transfer_id, reason)
+
+    def release(self, transfer_id: int) -> None:
+        """Forget a transfer (its pages may be reused); chunks still arriving are refused."""
+        self.call(self._release, transfer_id)
+
+    def close(self) -> None:
+        self.stop()
+        if self._auth is not None:
+            self._auth.stop()
+        self._ctx.term()
+
+    # -- loop thread ------------------------------------------------------------------------------
+    def poll_items(self) -> list[tuple[zmq.Socket, int]]:
+        return [(self._sock, zmq.POLLIN)]
+
+    def on_close(self) -> None:
+        self._sock.close(0)
+
+    def next_deadline(self) -> float | None:
+        return min((t.deadline for t in self._active.values()), default=None)
+
+    def on_tick(self, now: float) -> None:
+        for t in list(self._active.values()):
+            if now >= t.deadline:
+                self._finish(t, S.TIMED_OUT, f"timed out after {t.timeout_s:g} s in state {t.state.value}: "
+                             f"{t.nbytes} of {t.expected} bytes verified")
+
+    def on_event(self, sock: zmq.Socket, events: int) -> None:
+        for _ in range(_DRAIN_MAX):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._dispatch(frames[0].bytes, frames[1], frames[2:])
+
+    def _dispatch(self, ident: bytes, header: zmq.Frame, data: list[zmq.Frame]) -> None:
+        try:
+            msg = self._codec.decode(header.buffer)
+        except DecodeError as e:
+            self._reject(ident, e.transfer_id, e.reason)
+            return
+        handler = {Open: self._on_open, Chunk: self._on_chunk, Close: self._on_close,
+                   Abort: self._on_abort}.get(type(msg))
+        if handler is None:
+            self._reject(ident, msg.transfer_id, f"unexpected {type(msg).__name__} sent to a receiver")
+        else:
+            handler(ident, msg, data)
+
+    def _reject(self, ident: bytes, tid: int, reason: str) -> None:
+        t = self._transfers.get(tid)
+        if t is not None and not t.state.terminal:
+            t.sender = t.sender or ident
+            self._finish(t, S.FAILED, reason)
+        else:
+            self._send(ident, Failed(transfer_id=tid, reason=reason))
+
+    def _live(self, ident: bytes, tid: int) -> _InTransfer | None:
+        """The transfer if it can take data; otherwise tell the sender why not and return None."""
+        t = self._transfers.get(tid)
+        if t is None:
+            self._send(ident, Failed(transfer_id=tid, reason=f"receiver does not expect transfer {tid}"))
+            return None
+        if t.state.terminal:
+            self._send(ident, Failed(transfer_id=tid, reason=t.reason or f"transfer already {t.state.value}"))
+            return None
+        return t
+
+    def _on_open(self, ident: bytes, msg: Open, _: list) -> None:
+        t = self._live(ident, msg.transfer_id)
+        if t is None:
+            return
+        t.sender = ident
+        problem = self.layout.mismatch(msg.layout)
+        if problem:
+            self._finish(t, S.FAILED, problem)
+            return
+        self._set(t, S.TRANSFERRING)
+        self._send(ident, OpenAck(transfer_id=t.tid))
+
+    def _on_chunk(self, ident: bytes, msg: Chunk, data: list[zmq.Frame]) -> None:
+        if self._slow is not None:
+            time.sleep(self._slow.seconds)
+        t = self._live(ident, msg.transfer_id)
+        if t is None:
+            return
+        views = [f.buffer for f in data]
+        problem = self._chunk_problem(t, msg, views)
+        if problem:
+            self._finish(t, S.FAILED, problem)
+            return
+        stream = t.streams[msg.buffer_id]
+        scatter(self._views[msg.buffer_id], stream, msg.offset, views)
+        stream.received += msg.length
+        t.nbytes += msg.length
+        t.seqs.add(msg.seq)
+        self._send(ident, Ack(transfer_id=t.tid, seq=msg.seq, length=msg.length))
+        self._maybe_complete(t)
+
+    def _chunk_problem(self, t: _InTransfer, msg: Chunk, views: list[memoryview]) -> str | None:
+        if t.state is not S.TRANSFERRING:
+            return f"chunk {msg.seq} arrived before Open"
+        stream = t.streams.get(msg.buffer_id)
+        if stream is None:
+            return f"chunk {msg.seq} for buffer {msg.buffer_id}, which this transfer has no pages in"
+        if msg.offset < 0 or msg.offset + msg.length > stream.total:
+            return (f"chunk {msg.seq} bytes [{msg.offset}, {msg.offset + msg.length}) of buffer "
+                    f"{msg.buffer_id} exceed the {stream.total} bytes expected (page count/size mismatch)")
+        if len(views) != msg.nframes or sum(v.nbytes for v in views) != msg.length:
+            return f"chunk {msg.seq} frames do not add up to its declared {msg.length} bytes"
+        if msg.seq in t.seqs:
+            return f"chunk {msg.seq} received twice"
+        h = xxhash.xxh3_64()
+        for v in views:
+            h.update(v)
+        if h.intdigest() != msg.checksum:
+            return f"checksum mismatch in chunk {msg.seq} (buffer {msg.buffer_id}, offset {msg.offset})"
+        return None
+
+    def _on_close(self, ident: bytes, msg: Close, _: list) -> None:
+        t = self._live(ident, msg.transfer_id)
+        if t is None:
+            return
+        for b in sorted(set(t.streams) | set(msg.totals)):
+            sent, want = msg.totals.get(b, 0), t.streams[b].total if b in t.streams else 0
+            if sent != want:
+                self._finish(t, S.FAILED, f"buffer {b} stream length mismatch: sender sends {sent} B, "
+                             f"receiver expects {want} B (different page count or page size)")
+                return
+        t.close = msg
+        self._maybe_complete(t)
+
+    def _on_abort(self, ident: bytes, msg: Abort, _: list) -> None:
+        t = self._transfers.get(msg.transfer_id)
+        if t is not None and not t.state.terminal:
+            self._set(t, S.ABORTED, f"aborted by sender: {msg.reason}")
+
+    def _maybe_complete(self, t: _InTransfer) -> None:
+        if t.close is None or len(t.seqs) != t.close.nchunks:
+            return
+        if all(s.received == s.total for s in t.streams.values()):
+            self._set(t, S.DONE)
+            self._send(t.sender, Done(transfer_id=t.tid, nbytes=t.nbytes))
+
+    def _finish(self, t: _InTransfer, state: S, reason: str) -> None:
+        """Terminal failure: record it and tell the sender (if one is known)."""
+        self._set(t, state, reason)
+        if t.sender is not None:
+            self._send(t.sender, Failed(transfer_id=t.tid, reason=reason))
+
+    def _set(self, t: _InTransfer, state: S, reason: str = "") -> None:
+        t.state, t.reason = state, reason
+        if state.terminal:
+            self._active.pop(t.tid, None)
+        else:
+            self._active[t.tid] = t
+        self._status[t.tid] = TransferStatus(state, reason, t.nbytes)
+        if state.terminal:
+            with self._done_cv:
+                self._done_cv.notify_all()
+
+    def _send(self, ident: bytes | None, msg: Any) -> None:
+        if ident is None:
+            return
+        try:
+            self._sock.send_multipart([ident, self._codec.encode(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError as e:  # peer gone or its queue full: it will time out on its own
+            log.debug("reply %s dropped: %s", type(msg).__name__, e)
+
+    def _add(self, t: _InTransfer) -> None:
+        old = self._transfers.get(t.tid)
+        if old is not None and not old.state.terminal:
+            raise ValueError(f"transfer {t.tid} is already expected")
+        self._transfers[t.tid] = t
+        self._set(t, S.WAITING)
+
+    def _abort_local(self, tid: int, reason: str) -> None:
+        t = self._transfers.get(tid)
+        if t is not None and not t.state.terminal:
+            self._set(t, S.ABORTED, reason)
+            if t.sender is not None:
+                self._send(t.sender, Abort(transfer_id=tid, reason=reason))
+
+    def _release(self, tid: int) -> None:
+        self._abort_local(tid, "released by receiver")
+        self._transfers.pop(tid, None)
+        self._status.pop(tid, None)

@@ -1,0 +1,32 @@
+"""Real SGLang on CPU: colocated greedy == HF greedy; mooncake_tcp PD == colocated (hybrid model)."""
+from __future__ import annotations
+
+import pytest
+
+from .pd import generate_body, pd_generate, post
+from .prompts import prompt_ids
+from .reference import hf_greedy
+
+pytestmark = pytest.mark.sglang
+NEW = 16
+LENGTHS = (12, 300, 1600)  # one prompt >= 1,500 tokens (several chunked-prefill chunks in PD)
+
+
+@pytest.mark.parametrize("model", ["llama", "hybrid"])
+@pytest.mark.parametrize("length", LENGTHS)
+def test_colocated_matches_hf(farm, model_paths, model, length):
+    ids = prompt_ids(model_paths[model], length, seed=length)
+    out = post(farm[model].url + "/generate", generate_body(ids, NEW))
+    assert out["meta_info"]["prompt_tokens"] == length
+    assert out["output_ids"] == hf_greedy(model_paths[model], ids, NEW)
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_mooncake_tcp_pd_matches_colocated(farm, model_paths, length):
+    ids = prompt_ids(model_paths["hybrid"], length, seed=length)
+    body = generate_body(ids, NEW)
+    colocated = post(farm["hybrid"].url + "/generate", body)
+    boot = farm["hybrid_mc_prefill"].spec.bootstrap_port
+    pd = pd_generate(farm["hybrid_mc_prefill"].url, farm["hybrid_mc_decode"].url, boot, body)
+    assert "output_ids" in pd, pd
+    assert pd["output_ids"] == colocated["output_ids"]
