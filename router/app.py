@@ -1,0 +1,206 @@
+"""The router process: aiohttp server + client in one asyncio loop (uvloop when run as a program).
+
+Start from code (tests, benchmarks)::
+
+    handle = await start_router(RouterConfig(...))   # port=0 picks a free port
+    ... handle.url ...
+    await handle.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import zmq.asyncio
+from aiohttp import web
+
+from .cluster import Cluster, check_health, health_loop, poll_loads
+from .config import RouterConfig
+from .controller_glue import build_controller
+from .forward import AttemptFailed, Forwarder
+from .kv_events import KVEventSubscriber
+from .metrics import RouterMetrics
+from .policy import Decision, NoInstanceError
+from .prefix_index import ExactIndex, block_hashes
+from .requests import ApiError, ParsedRequest, parse_request
+from .routing import RoutingCore
+from .tokenize import PromptTokenizer
+
+log = logging.getLogger(__name__)
+
+BIG_BODY = 64 * 1024  # bytes; larger bodies are tokenized off the event loop
+
+
+def error_response(e: ApiError) -> web.Response:
+    return web.json_response(e.body(), status=e.status)
+
+
+class Router:
+    """All state of one router; its handlers are bound methods."""
+
+    def __init__(self, cfg: RouterConfig, controller: Any = None, seed: int | None = None) -> None:
+        self.cfg = cfg
+        self.tokenizer = PromptTokenizer(cfg.tokenizer_path)
+        self.cluster = Cluster(cfg)
+        self.metrics = RouterMetrics()
+        self.core = RoutingCore(cfg, self.cluster, self.metrics, controller)
+        self.rng = random.Random(seed)
+        self.tasks: list[asyncio.Task] = []
+        self.subscribers: list[KVEventSubscriber] = []
+
+    async def start(self) -> None:
+        # One pooled client session for the process lifetime (no per-request sessions).
+        conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
+        self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False)
+        self.forwarder = Forwarder(self.cluster, self.session, self.rng)
+        self.zmq_ctx = zmq.asyncio.Context()
+        for inst in self.cluster.instances.values():
+            if inst.spec.kv_events and isinstance(inst.index, ExactIndex):
+                sub = KVEventSubscriber(self.zmq_ctx, inst.spec.kv_events, inst.index)
+                sub.start()
+                self.subscribers.append(sub)
+        self.tasks += [asyncio.create_task(poll_loads(self.cluster, self.session), name="loads"),
+                       asyncio.create_task(health_loop(self.cluster, self.session), name="health"),
+                       asyncio.create_task(self._controller_loop(), name="controller")]
+
+    async def close(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for sub in self.subscribers:
+            await sub.close()
+        await self.forwarder.close()
+        await self.session.close()
+        self.zmq_ctx.term()
+
+    async def _controller_loop(self) -> None:
+        if self.core.controller is None:
+            return
+        while True:
+            await asyncio.sleep(self.cfg.controller_interval_s)
+            try:
+                self.core.controller_tick(time.monotonic())
+            except Exception:  # a planner bug must not take routing down
+                log.exception("long-term controller update failed; keeping current routing")
+
+    # ------------------------------------------------------------ generation endpoints
+
+    async def _parse(self, request: web.Request, endpoint: str) -> ParsedRequest:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ApiError(400, f"malformed JSON body: {e}", code="invalid_json") from e
+        args = (endpoint, body, self.tokenizer, self.cfg.model_name, self.cfg.context_length)
+        if len(raw) > BIG_BODY:
+            return await asyncio.get_running_loop().run_in_executor(None, parse_request, *args)
+        return parse_request(*args)
+
+    def _link_bytes(self, d: Decision, prompt_len: int, hashes: list[int]) -> float:
+        if d.route != "prfaas":
+            return 0.0
+        dec_cached = self.cluster.instances[d.decode].index.match(hashes) * self.cfg.block_size
+        return self.core.cost.kv_bytes(prompt_len - dec_cached)
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        endpoint = request.match_info.route.resource.canonical
+        try:
+            req = await self._parse(request, endpoint)
+            hashes = block_hashes(req.tokens, self.cfg.block_size)
+            try:
+                d = self.core.route(len(req.tokens), hashes, time.monotonic())
+            except NoInstanceError as e:
+                raise ApiError(503, str(e), "server_error", "no_healthy_instance") from e
+            self.metrics.overhead.observe(time.perf_counter() - t0)
+            return await self._serve(request, req, hashes, d)
+        except ApiError as e:
+            self.metrics.errors.labels(e.code).inc()
+            return error_response(e)
+
+    async def _serve(self, request: web.Request, req: ParsedRequest, hashes: list[int],
+                     d: Decision) -> web.StreamResponse:
+        try:
+            return await self.forwarder.attempt(req, d, self._link_bytes(d, len(req.tokens), hashes), request)
+        except AttemptFailed as e:
+            log.warning("attempt via %s/%s failed (%s); retrying locally once", d.prefill, d.decode, e)
+            self.metrics.retries.labels(d.reason).inc()
+            first_error = str(e)
+        try:
+            d2 = self.core.retry_route(len(req.tokens), hashes, frozenset({d.prefill}), time.monotonic())
+            return await self.forwarder.attempt(req, d2, 0.0, request)
+        except (AttemptFailed, NoInstanceError) as e:
+            raise ApiError(502, f"prefill/decode failed: {first_error}; local retry: {e}", "server_error",
+                           "upstream_failed") from e
+
+    # ------------------------------------------------------------ info, metrics, admin
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {"id": self.cfg.model_name, "object": "model", "created": 0, "owned_by": "prfaas-sgl"}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        insts = self.cluster.instances.values()
+        ok = any(i.healthy and i.pool == "decode" for i in insts) and any(
+            i.healthy and i.pool != "decode" for i in insts)
+        return web.json_response({"status": "ok" if ok else "no healthy prefill/decode"}, status=200 if ok else 503)
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        body = self.metrics.render(self.cluster, self.core.policy.threshold, self.cfg.link_budget_s)
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def admin_get(self, request: web.Request) -> web.Response:
+        return web.json_response(self.core.routing_state())
+
+    async def admin_post(self, request: web.Request) -> web.Response:
+        try:
+            changes = json.loads(await request.read())
+            if not isinstance(changes, dict):
+                raise ValueError("body must be a JSON object")
+            return web.json_response(self.core.set_routing(changes, why=f"admin {request.remote}"))
+        except (ValueError, TypeError) as e:
+            return error_response(ApiError(400, str(e), code="invalid_routing"))
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+            app.router.add_post(path, self.generate)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics_page)
+        app.router.add_get("/admin/routing", self.admin_get)
+        app.router.add_post("/admin/routing", self.admin_post)
+        return app
+
+
+@dataclass
+class RouterHandle:
+    url: str
+    router: Router
+    runner: web.AppRunner
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+        await self.router.close()
+
+
+async def start_router(cfg: RouterConfig, controller: Any = None, seed: int | None = None,
+                       check_health_first: bool = False) -> RouterHandle:
+    """Start a router on the running loop; returns once it accepts connections."""
+    router = Router(cfg, controller if controller is not None else build_controller(cfg), seed)
+    await router.start()
+    if check_health_first:
+        await check_health(router.cluster, router.session)
+    runner = web.AppRunner(router.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
+    await site.start()
+    port = runner.addresses[0][1]
+    return RouterHandle(f"http://{cfg.host}:{port}", router, runner)

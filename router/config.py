@@ -1,0 +1,173 @@
+"""Router configuration: one frozen dataclass; argparse and the TOML/JSON file reader derive from it.
+
+Precedence: dataclass defaults < config file (``--config``) < command-line flags. Field metadata carries
+the help text; every validation message names the flag to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+from .policy import POLICIES
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSpec:
+    """One SGLang server. Flag form: ``URL[;bootstrap=PORT][;kv_events=tcp://H:P][;name=N]``."""
+
+    url: str
+    bootstrap_port: int | None = None  # prefill servers only (SGLang default 8998)
+    kv_events: str | None = None  # ZMQ PUB endpoint of --kv-events-config, e.g. tcp://10.0.0.1:5557
+    name: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> "InstanceSpec":
+        url, *opts = text.split(";")
+        kw: dict[str, Any] = {}
+        for opt in opts:
+            key, _, val = opt.partition("=")
+            if key not in ("bootstrap", "kv_events", "name"):
+                raise ValueError(f"instance spec {text!r}: unknown option {key!r} (bootstrap, kv_events, name)")
+            kw["bootstrap_port" if key == "bootstrap" else key] = int(val) if key == "bootstrap" else val
+        return cls(url=url, **kw)
+
+    @classmethod
+    def coerce(cls, obj: Any) -> "InstanceSpec":
+        if isinstance(obj, InstanceSpec):
+            return obj
+        if isinstance(obj, str):
+            return cls.parse(obj)
+        return cls(**obj)
+
+
+def _f(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    host: str = _f("127.0.0.1", "address to listen on")
+    port: int = _f(8000, "port to listen on (0 = pick a free one)")
+    prfaas: tuple[InstanceSpec, ...] = _f((), "PrfaaS (remote) prefill server spec, repeatable")
+    local_prefill: tuple[InstanceSpec, ...] = _f((), "local prefill server spec, repeatable")
+    decode: tuple[InstanceSpec, ...] = _f((), "local decode server spec, repeatable")
+    tokenizer_path: str = _f("", "directory with tokenizer.json and tokenizer_config.json (chat_template)")
+    served_model_name: str = _f("", "model name clients must send (default: tokenizer directory name)")
+    context_length: int = _f(32768, "max prompt + output tokens; longer requests get HTTP 400")
+    policy: str = _f("bandwidth_aware", f"routing policy: {', '.join(POLICIES)}")
+    threshold: int = _f(8192, "incremental-length threshold t (tokens) above which prefill goes remote")
+    cache_rule: str = _f("scarce", "paper cache rule: scarce (per-cluster cache) or abundant (max of both)")
+    overload_tokens: int = _f(32768, "queued tokens beyond which cache affinity is ignored")
+    block_size: int = _f(64, "prefix-hash block size in tokens (= SGLang --page-size)")
+    prefix_capacity_tokens: int = _f(1 << 20, "modelled prefix-cache capacity per instance (tokens)")
+    kv_bytes_per_token: float = _f(17_100.0, "full-attention KV bytes per token (link accounting)")
+    state_bytes: float = _f(180e6, "fixed per-request state bytes (linear/SWA states + aux)")
+    local_prefill_coef: tuple[float, ...] = _f((0.468, 1.3e-4, 2.98e-10), "local prefill s = a + b*l + c*l^2")
+    remote_prefill_coef: tuple[float, ...] = _f((0.35, 5.4e-5, 1.5e-10), "remote prefill s = a + b*l + c*l^2")
+    link_gbps: float = _f(100.0, "inter-datacenter link capacity PrfaaS -> decode (Gbit/s)")
+    transport_stats_url: str = _f("", "optional JSON GET endpoint with goodput_bps / queue_delay_s")
+    high_watermark: float = _f(0.9, "link backlog fraction above which remote prefill is closed")
+    low_watermark: float = _f(0.6, "link backlog fraction below which it re-opens")
+    link_budget_s: float = _f(1.0, "link budget = bytes the link drains in this many seconds")
+    hold_s: float = _f(1.0, "minimum seconds the remote route stays closed after congestion")
+    loads_interval_s: float = _f(0.5, "seconds between GET /v1/loads polls")
+    health_interval_s: float = _f(2.0, "seconds between GET /health probes")
+    connect_timeout_s: float = _f(3.0, "TCP connect timeout to servers (s)")
+    prefill_timeout_s: float = _f(300.0, "max seconds for a prefill server to answer")
+    request_timeout_s: float = _f(600.0, "max seconds for a whole request")
+    controller: str = _f("none", "long-term controller: none or planner (router/controller.py)")
+    controller_interval_s: float = _f(60.0, "seconds between controller updates")
+    controller_scenario: str = _f("", "planner scenario TOML describing the deployment (--controller planner)")
+    log_level: str = _f("info", "python logging level")
+
+    def __post_init__(self) -> None:
+        for name in ("prfaas", "local_prefill", "decode"):
+            specs = tuple(InstanceSpec.coerce(s) for s in getattr(self, name))
+            specs = tuple(dataclasses.replace(s, name=s.name or f"{name}{i}") for i, s in enumerate(specs))
+            object.__setattr__(self, name, specs)
+        for name in ("local_prefill_coef", "remote_prefill_coef"):
+            object.__setattr__(self, name, tuple(float(x) for x in getattr(self, name)))
+        self._validate()
+
+    def _validate(self) -> None:
+        if not self.decode:
+            raise ValueError("--decode: at least one decode server is required")
+        if not (self.prfaas or self.local_prefill):
+            raise ValueError("--prfaas / --local-prefill: at least one prefill server is required")
+        for s in self.prfaas + self.local_prefill:
+            if s.bootstrap_port is None:
+                raise ValueError(f"--prfaas/--local-prefill {s.url}: add ';bootstrap=PORT' (SGLang default 8998)")
+        names = [s.name for s in self.prfaas + self.local_prefill + self.decode]
+        if len(set(names)) != len(names):
+            raise ValueError(f"instance names must be unique, got {names}; set ';name=...'")
+        if not self.tokenizer_path or not (Path(self.tokenizer_path) / "tokenizer.json").is_file():
+            raise ValueError(f"--tokenizer-path {self.tokenizer_path!r}: need a directory with tokenizer.json")
+        if self.policy not in POLICIES:
+            raise ValueError(f"--policy {self.policy!r}: choose one of {sorted(POLICIES)}")
+        if self.cache_rule not in ("scarce", "abundant"):
+            raise ValueError("--cache-rule must be scarce or abundant")
+        if self.controller not in ("none", "planner"):
+            raise ValueError("--controller must be none or planner")
+        if self.controller == "planner" and not Path(self.controller_scenario).is_file():
+            raise ValueError("--controller planner needs --controller-scenario PATH (a planner scenario TOML)")
+        for name in ("threshold", "overload_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
+        for name in ("block_size", "context_length", "prefix_capacity_tokens", "kv_bytes_per_token",
+                     "link_gbps", "loads_interval_s", "health_interval_s", "connect_timeout_s",
+                     "prefill_timeout_s", "request_timeout_s", "controller_interval_s", "link_budget_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+        if not 0 < self.low_watermark <= self.high_watermark:
+            raise ValueError("--low-watermark / --high-watermark: need 0 < low <= high")
+        for name in ("local_prefill_coef", "remote_prefill_coef"):
+            if len(getattr(self, name)) != 3:
+                raise ValueError(f"--{name.replace('_', '-')} takes three numbers a b c")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.tokenizer_path).resolve().name
+
+
+# ---------------------------------------------------------------- argparse / file
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="prfaas-router", description="PrfaaS router in front of SGLang servers")
+    p.add_argument("--config", default=None, help="TOML or JSON file with the same keys as the flags (snake_case)")
+    hints = get_type_hints(RouterConfig)
+    for f in dataclasses.fields(RouterConfig):
+        flag, tp = "--" + f.name.replace("_", "-"), hints[f.name]
+        kw: dict[str, Any] = {"help": f.metadata["help"], "default": argparse.SUPPRESS}
+        if get_origin(tp) is tuple and get_args(tp)[0] is InstanceSpec:
+            kw.update(action="append", type=InstanceSpec.parse)
+        elif get_origin(tp) is tuple:
+            kw.update(nargs=3, type=float)
+        else:
+            kw["type"] = tp
+        p.add_argument(flag, **kw)
+    return p
+
+
+def load_file(path: str) -> dict[str, Any]:
+    raw = Path(path).read_bytes()
+    data = tomllib.loads(raw.decode()) if path.endswith(".toml") else json.loads(raw)
+    known = {f.name for f in dataclasses.fields(RouterConfig)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"--config {path}: unknown keys {sorted(unknown)}")
+    return data
+
+
+def parse_config(argv: list[str] | None = None) -> RouterConfig:
+    ns = vars(build_parser().parse_args(argv))
+    path = ns.pop("config", None)
+    merged = load_file(path) if path else {}
+    merged.update(ns)
+    return RouterConfig(**merged)

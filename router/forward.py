@@ -1,0 +1,174 @@
+"""SGLang PD forwarding: one attempt = the same body to a prefill and a decode server at once.
+
+The body gets ``bootstrap_host`` (prefill host), ``bootstrap_port`` (prefill's bootstrap server) and a fresh
+``bootstrap_room`` (random 63-bit int), as sglang_router's mini_lb does. The decode answer is relayed; the
+prefill answer is awaited so its failure is seen. Nothing reaches the client before decode produced its
+first bytes, so an attempt that fails before that can be retried (once, locally) invisibly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from .cluster import Cluster, Instance, mark_unhealthy
+from .policy import Decision
+from .requests import ParsedRequest
+
+log = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+class AttemptFailed(Exception):
+    """The attempt failed before any byte reached the client; safe to retry."""
+
+
+@dataclass(slots=True)
+class DecodeHead:
+    resp: aiohttp.ClientResponse
+    first: bytes  # whole body (non-stream) or first chunk (stream)
+
+
+def pd_body(body: dict, prefill: Instance, rng: random.Random) -> bytes:
+    out = dict(body, bootstrap_host=prefill.host, bootstrap_port=prefill.spec.bootstrap_port,
+               bootstrap_room=rng.getrandbits(63))
+    return json.dumps(out, separators=(",", ":")).encode()
+
+
+def _is_error_chunk(chunk: bytes) -> bool:
+    """SGLang reports an aborted stream (e.g. failed KV transfer) as an SSE event holding ``"error"``."""
+    head = chunk[:200].lstrip()
+    return head.startswith(b"data:") and b'"error"' in head and b'"choices"' not in head
+
+
+class Forwarder:
+    def __init__(self, cluster: Cluster, session: aiohttp.ClientSession, rng: random.Random) -> None:
+        self.cluster, self.session, self.rng = cluster, session, rng
+        self.cfg = cluster.cfg
+        self.background: set[asyncio.Task] = set()
+
+    async def _prefill(self, inst: Instance, path: str, data: bytes) -> str | None:
+        """POST to prefill and drain its answer; returns an error text or None on success."""
+        timeout = aiohttp.ClientTimeout(total=self.cfg.prefill_timeout_s, connect=self.cfg.connect_timeout_s)
+        try:
+            async with self.session.post(inst.spec.url + path, data=data, timeout=timeout,
+                                         headers={"Content-Type": "application/json"}) as r:
+                text = await r.read()
+                if r.status != 200:
+                    return f"prefill {inst.name} HTTP {r.status}: {text[:200]!r}"
+                return None
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            return f"prefill {inst.name}: {type(e).__name__} {e}"
+
+    async def _decode_head(self, inst: Instance, path: str, data: bytes, stream: bool) -> DecodeHead:
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.cfg.connect_timeout_s,
+                                        sock_read=self.cfg.request_timeout_s)
+        resp = await self.session.post(inst.spec.url + path, data=data, timeout=timeout,
+                                       headers={"Content-Type": "application/json"})
+        try:
+            first = await (resp.content.readany() if stream and resp.status == 200 else resp.read())
+        except BaseException:
+            resp.release()
+            raise
+        return DecodeHead(resp, first)
+
+    async def _wait_decode(self, d: Decision, pre: asyncio.Task, dec: asyncio.Task) -> DecodeHead:
+        """Wait for decode's first bytes while watching prefill; raises AttemptFailed."""
+        pending: set[asyncio.Task] = {pre, dec}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.request_timeout_s
+        while not dec.done():
+            done, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()),
+                                               return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                raise AttemptFailed(f"no answer from decode {d.decode} within {self.cfg.request_timeout_s}s")
+            if pre in done and pre.result() is not None:
+                mark_unhealthy(self.cluster.instances[d.prefill], pre.result())
+                raise AttemptFailed(pre.result())
+        try:
+            head = dec.result()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            mark_unhealthy(self.cluster.instances[d.decode], f"{type(e).__name__} {e}")
+            raise AttemptFailed(f"decode {d.decode}: {type(e).__name__} {e}") from e
+        if head.resp.status >= 500 or (head.resp.status == 200 and _is_error_chunk(head.first)):
+            head.resp.release()
+            raise AttemptFailed(f"decode {d.decode} HTTP {head.resp.status}: {head.first[:200]!r}")
+        return head
+
+    def _reap(self, task: asyncio.Task, d: Decision) -> None:
+        """Keep a reference to the prefill task until it ends, then log a late failure."""
+        def done(t: asyncio.Task) -> None:
+            self.background.discard(t)
+            if not t.cancelled() and t.result() is not None:
+                log.warning("prefill failed after decode started (%s): %s", d.prefill, t.result())
+        self.background.add(task)
+        task.add_done_callback(done)
+
+    async def attempt(self, req: ParsedRequest, d: Decision, link_bytes: float,
+                      request: web.Request) -> web.StreamResponse:
+        """Run one PD attempt and answer the client. Raises AttemptFailed before any byte is sent."""
+        pre_i, dec_i = self.cluster.instances[d.prefill], self.cluster.instances[d.decode]
+        data = pd_body(req.body, pre_i, self.rng)
+        link = self.cluster.link
+        link.bytes_in_flight += link_bytes
+        pre_i.inflight += 1
+        pre_i.inflight_tokens += d.incremental_len
+        dec_i.inflight += 1
+        pre = asyncio.create_task(self._prefill(pre_i, req.endpoint, data))
+        pre.add_done_callback(lambda _t: _release_prefill(pre_i, d.incremental_len))
+        dec = asyncio.create_task(self._decode_head(dec_i, req.endpoint, data, req.stream))
+        try:
+            try:
+                head = await self._wait_decode(d, pre, dec)
+            finally:
+                link.bytes_in_flight -= link_bytes  # decode has its KV (or the attempt is over)
+            self._reap(pre, d)
+            return await self._relay(head, req, request)
+        except BaseException:
+            for t in (pre, dec):
+                t.cancel()
+            if dec.done() and not dec.cancelled() and dec.exception() is None:
+                dec.result().resp.release()
+            raise
+        finally:
+            dec_i.inflight -= 1
+
+    async def _relay(self, head: DecodeHead, req: ParsedRequest, request: web.Request) -> web.StreamResponse:
+        resp = head.resp
+        if not req.stream or resp.status != 200:
+            resp.release()
+            ctype = resp.headers.get("Content-Type", "application/json")
+            return web.Response(body=head.first, status=resp.status, headers={"Content-Type": ctype})
+        out = web.StreamResponse(status=200, headers=SSE_HEADERS)
+        try:
+            await out.prepare(request)
+            await out.write(head.first)
+            async for chunk in resp.content.iter_any():
+                await out.write(chunk)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            # Bytes already went out: the only honest answer left is an error event in the stream.
+            err = {"error": {"message": f"decode stream broke: {e}", "type": "server_error", "code": "upstream"}}
+            await out.write(b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n")
+        except ConnectionResetError:
+            return out  # the client left; releasing decode's stream makes SGLang abort the request
+        finally:
+            resp.release()
+        await out.write_eof()
+        return out
+
+    async def close(self) -> None:
+        for t in list(self.background):
+            t.cancel()
+        await asyncio.gather(*self.background, return_exceptions=True)
+
+
+def _release_prefill(inst: Instance, tokens: int) -> None:
+    inst.inflight -= 1
+    inst.inflight_tokens -= tokens

@@ -1,0 +1,35 @@
+"""``python -m prfaas_sgl.launch_router``: parse flags, run the router under uvloop until interrupted."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import uvloop
+
+from .app import start_router
+from .config import RouterConfig, parse_config
+
+
+async def serve(cfg: RouterConfig) -> None:
+    handle = await start_router(cfg, check_health_first=True)
+    logging.getLogger(__name__).info("router listening on %s (policy=%s, t=%d)", handle.url, cfg.policy,
+                                     cfg.threshold)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await handle.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cfg = parse_config(argv)
+    except ValueError as e:
+        raise SystemExit(f"prfaas-router: {e}") from e
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvloop.run(serve(cfg))

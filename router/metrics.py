@@ -1,0 +1,62 @@
+"""Prometheus metrics of one router, on its own CollectorRegistry (several routers can share a process)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from .cluster import Cluster
+from .policy import Decision
+
+P = "prfaas_router_"
+
+
+class RouterMetrics:
+    def __init__(self, window: int = 1000) -> None:
+        r = self.registry = CollectorRegistry()
+        self.decisions = Counter(P + "decisions", "routing decisions", ["route", "reason"], registry=r)
+        self.retries = Counter(P + "retries", "local retries after a failed attempt", ["reason"], registry=r)
+        self.errors = Counter(P + "errors", "requests answered with an error", ["code"], registry=r)
+        self.offload = Gauge(P + "offload_fraction", f"fraction of the last {window} decisions sent to PrfaaS",
+                             registry=r)
+        self.queued = Gauge(P + "pool_queued_tokens", "queued uncached tokens per pool", ["pool"], registry=r)
+        self.inflight = Gauge(P + "pool_inflight", "requests in flight from this router per pool", ["pool"],
+                              registry=r)
+        self.healthy = Gauge(P + "pool_healthy_instances", "healthy instances per pool", ["pool"], registry=r)
+        self.link_bytes = Gauge(P + "link_bytes_in_flight", "expected KV bytes in flight on the link", registry=r)
+        self.link_util = Gauge(P + "link_utilization", "bytes in flight / link budget", registry=r)
+        self.link_goodput = Gauge(P + "link_goodput_bps", "measured transport goodput (bits/s)", registry=r)
+        self.link_delay = Gauge(P + "link_queue_delay_seconds", "measured transport queue delay", registry=r)
+        self.threshold = Gauge(P + "threshold_tokens", "current incremental-length threshold t", registry=r)
+        self.split = Gauge(P + "recommended_instances", "controller's recommended instance split", ["role"],
+                           registry=r)
+        self.overhead = Histogram(P + "overhead_seconds", "request arrival to forward (parse, tokenize, route)",
+                                  buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2), registry=r)
+        self.window: deque[bool] = deque(maxlen=window)
+        self.remote_in_window = 0
+
+    def record(self, d: Decision) -> None:
+        self.decisions.labels(d.route, d.reason).inc()
+        remote = d.route == "prfaas"
+        if len(self.window) == self.window.maxlen:
+            self.remote_in_window -= self.window[0]
+        self.window.append(remote)
+        self.remote_in_window += remote
+        self.offload.set(self.remote_in_window / len(self.window))
+
+    def render(self, cluster: Cluster, threshold: int, budget_s: float) -> bytes:
+        """Refresh the gauges that are cheaper to compute on scrape than on every request."""
+        for pool in ("prfaas", "local_prefill", "decode"):
+            insts = cluster.pool(pool)
+            self.queued.labels(pool).set(sum(max(i.server_queued_tokens, i.inflight_tokens) for i in insts))
+            self.inflight.labels(pool).set(sum(i.inflight for i in insts))
+            self.healthy.labels(pool).set(sum(i.healthy for i in insts))
+        link = cluster.link
+        self.link_bytes.set(link.bytes_in_flight)
+        budget = link.view().drain_bps() / 8 * budget_s
+        self.link_util.set(link.bytes_in_flight / budget if budget > 0 else 0.0)
+        self.link_goodput.set(link.goodput_bps)
+        self.link_delay.set(link.queue_delay_s)
+        self.threshold.set(threshold)
+        return generate_latest(self.registry)

@@ -1,0 +1,315 @@
+"""Routing policies shared by the router process, the simulator and the planner.
+
+Pure: no I/O and no clock reads. Time comes in as ``RouteInput.now`` (seconds, monotonic or simulated).
+The only state a policy keeps is its tunables (``threshold``, watermarks) and, for the bandwidth-aware
+policy, the hysteresis latch; both change only through ``decide()`` or explicit attribute writes.
+
+Units: lengths in tokens, sizes in bytes, rates in bits/s, times in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal, Protocol
+
+Pool = Literal["prfaas", "local_prefill", "decode"]
+Route = Literal["prfaas", "local"]
+CacheRule = Literal["scarce", "abundant"]
+
+
+class NoInstanceError(RuntimeError):
+    """No healthy instance can serve the request (no healthy decode, or no healthy prefill at all)."""
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceView:
+    """What the router (or simulator) knows about one server right now."""
+
+    name: str
+    pool: Pool
+    healthy: bool
+    queued_tokens: int  # uncached prompt tokens waiting/running there (/v1/loads + router in-flight)
+    inflight: int  # requests in flight from this router
+    cached_prefix: int  # tokens of THIS request's prompt already cached there (block-aligned)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkView:
+    """The inter-datacenter link PrfaaS -> local decode."""
+
+    capacity_bps: float  # configured bits/s
+    goodput_bps: float = 0.0  # measured recent goodput, 0 if unknown
+    bytes_in_flight: float = 0.0  # expected KV bytes not yet delivered
+    queue_delay_s: float = 0.0  # measured transport queue delay
+
+    def drain_bps(self) -> float:
+        """Rate at which the backlog drains: measured goodput when known (busy link), else capacity."""
+        if self.goodput_bps > 0:
+            return min(self.capacity_bps, self.goodput_bps)
+        return self.capacity_bps
+
+
+@dataclass(frozen=True, slots=True)
+class RouteInput:
+    prompt_len: int
+    instances: tuple[InstanceView, ...]
+    link: LinkView
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    route: Route
+    prefill: str  # instance name
+    decode: str  # instance name
+    incremental_len: int  # prompt_len - cached prefix on the chosen prefill instance
+    reason: str  # short machine-readable reason, used as a metrics label
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCost:
+    """KV size and prefill-time model of one deployment.
+
+    Prefill time is quadratic in the uncached length l: ``a + b*l + c*l^2`` seconds, one triple per pool
+    (the paper's H20 fit is a=0.468, b=1.300e-4, c=2.98e-10).
+    """
+
+    kv_bytes_per_token: float
+    state_bytes: float = 0.0  # fixed per-request linear-attention / SWA state + aux bytes
+    local_coef: tuple[float, float, float] = (0.0, 1e-4, 0.0)
+    remote_coef: tuple[float, float, float] = (0.0, 5e-5, 0.0)
+
+    def __post_init__(self) -> None:
+        if self.kv_bytes_per_token <= 0:
+            raise ValueError("kv_bytes_per_token must be > 0 (bytes of full-attention KV per token)")
+        if self.state_bytes < 0:
+            raise ValueError("state_bytes must be >= 0")
+
+    def kv_bytes(self, tokens: int) -> float:
+        """Bytes crossing the link for ``tokens`` of KV plus the fixed state."""
+        return self.state_bytes + self.kv_bytes_per_token * max(tokens, 0)
+
+    def prefill_s_local(self, tokens: int) -> float:
+        return _quad(self.local_coef, tokens)
+
+    def prefill_s_remote(self, tokens: int) -> float:
+        return _quad(self.remote_coef, tokens)
+
+
+def _quad(coef: tuple[float, float, float], tokens: int) -> float:
+    if tokens <= 0:
+        return 0.0
+    a, b, c = coef
+    return a + b * tokens + c * tokens * tokens
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyParams:
+    """Tunables of every policy; unused fields are ignored by the simpler ones."""
+
+    threshold: int = 8192  # tokens of incremental length above which a prefill goes remote
+    cache_rule: CacheRule = "scarce"
+    overload_tokens: int = 32768  # a cache-affine instance with more queued tokens is skipped
+    high_watermark: float = 0.9  # link backlog / budget above which remote is closed
+    low_watermark: float = 0.6  # ... and below which it re-opens (hysteresis)
+    budget_s: float = 1.0  # link budget = bytes the link drains in this many seconds
+    hold_s: float = 1.0  # once closed, remote stays closed at least this long
+
+    def __post_init__(self) -> None:
+        if self.threshold < 0:
+            raise ValueError("threshold must be >= 0 tokens")
+        if self.cache_rule not in ("scarce", "abundant"):
+            raise ValueError("cache_rule must be 'scarce' or 'abundant'")
+        if not 0 < self.low_watermark <= self.high_watermark:
+            raise ValueError("need 0 < low_watermark <= high_watermark")
+        if self.budget_s <= 0 or self.hold_s < 0 or self.overload_tokens < 0:
+            raise ValueError("budget_s must be > 0, hold_s and overload_tokens >= 0")
+
+
+class RoutingPolicy(Protocol):
+    threshold: int
+
+    def decide(self, inp: RouteInput) -> Decision: ...
+
+
+# ---------------------------------------------------------------- selection inside a pool
+
+
+def healthy(inp: RouteInput, pool: Pool, exclude: frozenset[str] = frozenset()) -> list[InstanceView]:
+    return [i for i in inp.instances if i.pool == pool and i.healthy and i.name not in exclude]
+
+
+def best_cached(cands: list[InstanceView]) -> int:
+    return max((i.cached_prefix for i in cands), default=0)
+
+
+def pick_prefill(cands: list[InstanceView], prompt_len: int, overload_tokens: int) -> tuple[InstanceView, str]:
+    """Cache affinity unless the affine instance is overloaded, else least queued uncached tokens.
+
+    Returns the instance and "affinity" or "least_loaded". ``cands`` must be non-empty.
+    """
+    affine = max(cands, key=lambda i: (i.cached_prefix, -i.queued_tokens, -i.inflight))
+    if affine.cached_prefix > 0 and affine.queued_tokens <= overload_tokens:
+        return affine, "affinity"
+    # Cost counts this request's own uncached tokens, so a smaller hit still tips a tie.
+    least = min(cands, key=lambda i: (i.queued_tokens + prompt_len - i.cached_prefix, i.inflight, i.name))
+    return least, "least_loaded"
+
+
+def pick_decode(inp: RouteInput) -> InstanceView:
+    cands = healthy(inp, "decode")
+    if not cands:
+        raise NoInstanceError("no healthy decode instance")
+    return min(cands, key=lambda i: (i.inflight, i.queued_tokens, i.name))
+
+
+def decide_on(inp: RouteInput, route: Route, reason: str, overload_tokens: int,
+              exclude: frozenset[str] = frozenset()) -> Decision:
+    """Build a decision for ``route``; falls over to the other pool when ``route``'s pool is empty."""
+    pool: Pool = "prfaas" if route == "prfaas" else "local_prefill"
+    cands = healthy(inp, pool, exclude)
+    if not cands:
+        other: Pool = "local_prefill" if pool == "prfaas" else "prfaas"
+        cands = healthy(inp, other, exclude)
+        if not cands:
+            raise NoInstanceError("no healthy prefill instance")
+        route, reason = ("local", "no_prfaas") if other == "local_prefill" else ("prfaas", "no_local")
+    inst, _ = pick_prefill(cands, inp.prompt_len, overload_tokens)
+    return Decision(route, inst.name, pick_decode(inp).name, inp.prompt_len - inst.cached_prefix, reason)
+
+
+def local_fallback(inp: RouteInput, exclude: frozenset[str], overload_tokens: int = 1 << 62) -> Decision:
+    """The retry after a failed remote prefill: a local prefill instance, never PrfaaS."""
+    cands = healthy(inp, "local_prefill", exclude)
+    if not cands:
+        raise NoInstanceError("no healthy local prefill instance for the retry")
+    inst, _ = pick_prefill(cands, inp.prompt_len, overload_tokens)
+    return Decision("local", inst.name, pick_decode(inp).name, inp.prompt_len - inst.cached_prefix, "retry_local")
+
+
+# ---------------------------------------------------------------- policies
+
+
+class LocalOnlyPolicy:
+    """Homogeneous PD baseline: every prefill on the local cluster."""
+
+    def __init__(self, params: PolicyParams = PolicyParams(), cost: ModelCost | None = None) -> None:
+        self.params = params
+        self.threshold = params.threshold  # unused; kept so the controller can write it uniformly
+
+    def decide(self, inp: RouteInput) -> Decision:
+        return decide_on(inp, "local", "local_only", self.params.overload_tokens)
+
+
+class AllRemotePolicy:
+    """Naive heterogeneous: every prefill on PrfaaS."""
+
+    def __init__(self, params: PolicyParams = PolicyParams(), cost: ModelCost | None = None) -> None:
+        self.params = params
+        self.threshold = params.threshold
+
+    def decide(self, inp: RouteInput) -> Decision:
+        return decide_on(inp, "prfaas", "all_remote", self.params.overload_tokens)
+
+
+class ThresholdPolicy:
+    """Static threshold t with the paper's cache rules (paper §4).
+
+    scarce (default): judge each cluster by its own cache, ``l_total - l_pd <= t`` -> local.
+    abundant: ``l_total - max(l_prfaas, l_pd) <= t`` -> local. SGLang 0.5.23 cannot move prefix KV between
+    clusters, so under "abundant" the chosen cluster recomputes whatever it does not hold; the rule is kept
+    for the simulator, which can model the move. Default is "scarce" for that reason.
+    """
+
+    def __init__(self, params: PolicyParams = PolicyParams(), cost: ModelCost | None = None) -> None:
+        self.params = params
+        self.threshold = params.threshold
+
+    def wants_remote(self, inp: RouteInput) -> bool:
+        l_pd = best_cached(healthy(inp, "local_prefill"))
+        if self.params.cache_rule == "abundant":
+            l_pd = max(l_pd, best_cached(healthy(inp, "prfaas")))
+        return inp.prompt_len - l_pd > self.threshold
+
+    def decide(self, inp: RouteInput) -> Decision:
+        if self.wants_remote(inp):
+            return decide_on(inp, "prfaas", "long", self.params.overload_tokens)
+        return decide_on(inp, "local", "short", self.params.overload_tokens)
+
+
+class BandwidthAwarePolicy(ThresholdPolicy):
+    """Threshold t plus link watermarks (with hysteresis) and a remote-vs-local finish-time check.
+
+    Link utilisation u = (KV bytes in flight + this request's bytes) / (drain rate * budget_s). The remote
+    route closes when u > high_watermark and re-opens only when the backlog alone is < low_watermark and
+    ``hold_s`` has passed since it closed, so the decision does not flap on every request. While open, a
+    long request still stays local when its estimated remote finish (transport queue delay + link backlog
+    + PrfaaS queue + remote prefill) is later than its local finish (local queue + local prefill).
+    """
+
+    def __init__(self, params: PolicyParams = PolicyParams(), cost: ModelCost | None = None) -> None:
+        super().__init__(params, cost)
+        self.cost = cost or ModelCost(kv_bytes_per_token=1.0)
+        self.high_watermark = params.high_watermark
+        self.low_watermark = params.low_watermark
+        self.congested = False
+        self.congested_since = 0.0
+
+    def link_util(self, link: LinkView, extra_bytes: float) -> float:
+        budget_bytes = link.drain_bps() / 8 * self.params.budget_s
+        return (link.bytes_in_flight + extra_bytes) / budget_bytes if budget_bytes > 0 else float("inf")
+
+    def update_latch(self, link: LinkView, req_bytes: float, now: float) -> bool:
+        """Advance the hysteresis latch; returns True while the remote route is closed."""
+        if self.congested:
+            reopen = self.link_util(link, 0.0) < self.low_watermark
+            if reopen and now - self.congested_since >= self.params.hold_s:
+                self.congested = False
+        elif self.link_util(link, req_bytes) > self.high_watermark:
+            self.congested, self.congested_since = True, now
+        return self.congested
+
+    def remote_is_slower(self, inp: RouteInput, remote: Decision, req_bytes: float) -> bool:
+        local_cands = healthy(inp, "local_prefill")
+        if not local_cands:
+            return False
+        local, _ = pick_prefill(local_cands, inp.prompt_len, self.params.overload_tokens)
+        prf = next(i for i in inp.instances if i.name == remote.prefill)
+        lc, rc, link = self.cost.local_coef, self.cost.remote_coef, inp.link
+        # Queues drain at the marginal (linear) rate: many short requests, not one long one.
+        local_s = lc[1] * local.queued_tokens + self.cost.prefill_s_local(inp.prompt_len - local.cached_prefix)
+        backlog_s = (link.bytes_in_flight + req_bytes) * 8 / link.drain_bps() if link.drain_bps() > 0 else 0.0
+        remote_s = (link.queue_delay_s + backlog_s + rc[1] * prf.queued_tokens
+                    + self.cost.prefill_s_remote(remote.incremental_len))
+        return remote_s > local_s
+
+    def decide(self, inp: RouteInput) -> Decision:
+        ovl = self.params.overload_tokens
+        if not self.wants_remote(inp):
+            return decide_on(inp, "local", "short", ovl)
+        remote = decide_on(inp, "prfaas", "long", ovl)
+        if remote.route != "prfaas":
+            return remote
+        dec = next(i for i in inp.instances if i.name == remote.decode)
+        req_bytes = self.cost.kv_bytes(inp.prompt_len - dec.cached_prefix)
+        if self.update_latch(inp.link, req_bytes, inp.now):
+            return decide_on(inp, "local", "link_congested", ovl)
+        if self.remote_is_slower(inp, remote, req_bytes):
+            return decide_on(inp, "local", "remote_slower", ovl)
+        return remote
+
+
+POLICIES = MappingProxyType({
+    "local_only": LocalOnlyPolicy,
+    "all_remote": AllRemotePolicy,
+    "threshold": ThresholdPolicy,
+    "bandwidth_aware": BandwidthAwarePolicy,
+})
+
+
+def make_policy(name: str, params: PolicyParams = PolicyParams(), cost: ModelCost | None = None) -> RoutingPolicy:
+    """Build a policy by registry name (see ``POLICIES``)."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; choose one of {sorted(POLICIES)}")
+    return POLICIES[name](params, cost)

@@ -1,0 +1,129 @@
+"""The routing core: policy + cluster state + metrics + long-term controller, and the admin knobs.
+
+Synchronous and cheap: it runs on the event loop for every request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Protocol, Sequence
+
+from .cluster import Cluster
+from .config import RouterConfig
+from .metrics import RouterMetrics
+from .policy import Decision, ModelCost, PolicyParams, RoutingPolicy, local_fallback, make_policy
+
+log = logging.getLogger(__name__)
+
+
+class Controller(Protocol):
+    """The long-timescale controller (router/controller.py, see POLICY_CONTRACT.md)."""
+
+    def observe(self, incremental_len: int, now: float) -> None: ...
+
+    def maybe_update(self, now: float) -> Any: ...  # ControllerUpdate(threshold, recommended_split, reason)
+
+
+def policy_params(cfg: RouterConfig) -> PolicyParams:
+    return PolicyParams(threshold=cfg.threshold, cache_rule=cfg.cache_rule, overload_tokens=cfg.overload_tokens,
+                        high_watermark=cfg.high_watermark, low_watermark=cfg.low_watermark,
+                        budget_s=cfg.link_budget_s, hold_s=cfg.hold_s)
+
+
+def model_cost(cfg: RouterConfig) -> ModelCost:
+    return ModelCost(cfg.kv_bytes_per_token, cfg.state_bytes, cfg.local_prefill_coef, cfg.remote_prefill_coef)
+
+
+ADMIN_KEYS = ("policy", "threshold", "high_watermark", "low_watermark", "cache_rule", "overload_tokens", "hold_s")
+
+
+class RoutingCore:
+    def __init__(self, cfg: RouterConfig, cluster: Cluster, metrics: RouterMetrics,
+                 controller: Controller | None = None) -> None:
+        self.cfg, self.cluster, self.metrics, self.controller = cfg, cluster, metrics, controller
+        self.params = policy_params(cfg)
+        self.cost = model_cost(cfg)
+        self.policy_name = cfg.policy
+        self.policy: RoutingPolicy = make_policy(cfg.policy, self.params, self.cost)
+        self.recommended_split: dict[str, int] = {}
+        self.last_update_reason = ""
+
+    def route(self, prompt_len: int, hashes: Sequence[int], now: float) -> Decision:
+        """Pick prefill + decode; records the decision and the routed prefix. Raises NoInstanceError."""
+        d = self.policy.decide(self.cluster.route_input(prompt_len, hashes, now))
+        self._commit(d, hashes, now)
+        return d
+
+    def retry_route(self, prompt_len: int, hashes: Sequence[int], exclude: frozenset[str], now: float) -> Decision:
+        inp = self.cluster.route_input(prompt_len, hashes, now)
+        d = local_fallback(inp, exclude, self.params.overload_tokens)
+        self._commit(d, hashes, now)
+        return d
+
+    def _commit(self, d: Decision, hashes: Sequence[int], now: float) -> None:
+        self.cluster.instances[d.prefill].index.insert(hashes)
+        self.metrics.record(d)
+        if self.controller is not None:
+            self.controller.observe(d.incremental_len, now)
+
+    # ------------------------------------------------------------ long timescale
+
+    def controller_tick(self, now: float) -> None:
+        """Called on a timer; applies a controller update to the policy and logs why."""
+        if self.controller is None:
+            return
+        observe_link = getattr(self.controller, "observe_link", None)
+        if observe_link is not None and self.cluster.link.stats_ok:
+            observe_link(self.cluster.link.goodput_bps, now)
+        upd = self.controller.maybe_update(now)
+        if upd is None:
+            return
+        split = getattr(upd, "recommended_split", None)
+        if split is not None:
+            self.recommended_split = _split_dict(split)
+            for role, n in self.recommended_split.items():
+                self.metrics.split.labels(role).set(n)
+        detail = {k: getattr(upd, k) for k in ("target_threshold", "lambda_max", "bound") if hasattr(upd, k)}
+        self.last_update_reason = f"{getattr(upd, 'reason', '')} {detail} split={self.recommended_split}"
+        self.set_routing({"threshold": int(upd.threshold)}, why=f"controller: {self.last_update_reason}")
+
+    # ------------------------------------------------------------ admin
+
+    def routing_state(self) -> dict[str, Any]:
+        state = {k: getattr(self.params, k) for k in ADMIN_KEYS if k != "policy"}
+        state.update(policy=self.policy_name, threshold=self.policy.threshold,
+                     recommended_split=self.recommended_split, controller=self.controller is not None,
+                     last_controller_reason=self.last_update_reason)
+        return state
+
+    def set_routing(self, changes: dict[str, Any], why: str) -> dict[str, Any]:
+        """Apply admin/controller changes atomically. Raises ValueError naming the bad key."""
+        unknown = set(changes) - set(ADMIN_KEYS)
+        if unknown:
+            raise ValueError(f"unknown routing keys {sorted(unknown)}; settable: {list(ADMIN_KEYS)}")
+        fields = {k: v for k, v in changes.items() if k != "policy"}
+        fields.setdefault("threshold", self.policy.threshold)
+        params = dataclasses.replace(self.params, **fields)  # validates
+        name = changes.get("policy", self.policy_name)
+        before = self.routing_state()
+        if name != self.policy_name or params != self.params:
+            policy = make_policy(name, params, self.cost)
+            if name == self.policy_name and hasattr(self.policy, "congested"):
+                policy.congested = self.policy.congested  # keep the hysteresis latch across knob changes
+                policy.congested_since = self.policy.congested_since
+            self.policy, self.params, self.policy_name = policy, params, name
+        after = self.routing_state()
+        diff = {k: (before[k], after[k]) for k in after if before.get(k) != after[k]}
+        if diff:
+            log.info("routing changed %s because %s", diff, why)
+        return after
+
+
+def _split_dict(split: Any) -> dict[str, int]:
+    if isinstance(split, dict):
+        return {str(k): int(v) for k, v in split.items()}
+    if dataclasses.is_dataclass(split):
+        return {k: int(v) for k, v in dataclasses.asdict(split).items()}
+    n_p, n_d = split  # contract: (n_local_prefill, n_decode)
+    return {"local_prefill": int(n_p), "decode": int(n_d)}

@@ -1,0 +1,88 @@
+"""Simulator settings: the scenario's [sim] table (plus command-line overrides) as one frozen dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields
+
+from ..planner.curves import ProfileError
+from .workload import ArrivalConfig, PrefixConfig
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    duration_s: float = 3600.0  # arrivals stop here (synthetic kinds)
+    drain_s: float = 900.0  # then at most this long to finish in-flight work
+    seed: int = 1
+    policy: str = "threshold"  # a name in prfaas_sgl.router.policy.POLICIES
+    threshold: float = -1.0  # tokens; < 0 = the planner's optimum
+    cache_rule: str = "scarce"
+    high_watermark: float = 0.9
+    low_watermark: float = 0.6
+    budget_s: float = 1.0
+    hold_s: float = 5.0
+    controller: bool = False  # run the long-term controller on simulated time
+    controller_interval_s: float = 60.0
+    controller_max_step_frac: float = 0.25
+    prefill: int = -1  # local prefill instances; < 0 = the planner's split
+    slo_ttft_s: float = 15.0
+    slo_tpot_s: float = 0.05
+    sample_s: float = 10.0  # time-series resolution
+    cache_blocks: int = 0  # prefix-cache capacity per instance in blocks (0 = no prefix cache)
+    block_tokens: int = 512
+    kv_chunks: int = 16  # KV streams in this many chunks: only the last one's transfer follows prefill
+    bandwidth_trace: tuple[tuple[float, float], ...] = ()  # (time_s, fraction of link.gbps), step function
+    arrival: ArrivalConfig = field(default_factory=ArrivalConfig)
+    prefix: PrefixConfig = field(default_factory=PrefixConfig)
+
+    def __post_init__(self) -> None:
+        if self.duration_s <= 0 or self.drain_s < 0 or self.sample_s <= 0:
+            raise ProfileError("sim.duration_s and sim.sample_s must be > 0, sim.drain_s >= 0")
+        if self.slo_ttft_s <= 0 or self.slo_tpot_s <= 0:
+            raise ProfileError("sim.slo_ttft_s and sim.slo_tpot_s must be > 0 seconds")
+        if self.cache_blocks < 0 or self.block_tokens < 1 or self.kv_chunks < 1:
+            raise ProfileError("sim.cache_blocks must be >= 0, sim.block_tokens and sim.kv_chunks >= 1")
+        times = [t for t, _ in self.bandwidth_trace]
+        if any(f <= 0 for _, f in self.bandwidth_trace) or times != sorted(times):
+            raise ProfileError("sim.bandwidth_trace: expected [[time_s, fraction > 0], ...] sorted by time")
+
+
+def _coerce(name: str, value, default):
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ProfileError(f"sim.{name}: expected true/false, got {value!r}")
+        return value
+    if isinstance(default, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ProfileError(f"sim.{name}: expected a number, got {value!r}")
+        return type(default)(value)
+    if isinstance(default, str):
+        return str(value)
+    return value
+
+
+def _sub(cls, tbl: dict, where: str):
+    known = {f.name: f for f in fields(cls)}
+    for k in tbl:
+        if k not in known:
+            raise ProfileError(f"{where}.{k}: unknown setting; expected one of {sorted(known)}")
+    kw = {k: _coerce(f"{where[4:]}.{k}" if where != "sim" else k, v, known[k].default) for k, v in tbl.items()}
+    return cls(**kw)
+
+
+def sim_config(tbl: dict, **overrides) -> SimConfig:
+    """Build from a scenario's [sim] table; ``overrides`` (not None) win. threshold = "auto" -> -1."""
+    tbl = dict(tbl)
+    if tbl.get("threshold") == "auto":
+        tbl["threshold"] = -1.0
+    arrival = _sub(ArrivalConfig, tbl.pop("arrival", {}), "sim.arrival")
+    prefix = _sub(PrefixConfig, tbl.pop("prefix", {}), "sim.prefix")
+    trace = tuple((float(t), float(f)) for t, f in tbl.pop("bandwidth_trace", ()))
+    known = {f.name: f for f in fields(SimConfig) if f.default is not MISSING}
+    for k in tbl:
+        if k not in known:
+            raise ProfileError(f"sim.{k}: unknown setting; expected one of {sorted(known)}")
+    kw = {k: _coerce(k, v, known[k].default) for k, v in tbl.items()}
+    kw.update({k: v for k, v in overrides.items() if v is not None})
+    kw.setdefault("arrival", arrival)
+    kw.setdefault("prefix", prefix)
+    return SimConfig(bandwidth_trace=trace, **kw) if "bandwidth_trace" not in kw else SimConfig(**kw)

@@ -1,0 +1,49 @@
+"""`--prfaas-*` flags: generated from PrfaasConfig; bad values are argparse errors naming the flag."""
+from __future__ import annotations
+
+import argparse
+import pickle
+
+import pytest
+
+from prfaas_sgl import config
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="t")
+    config.add_flags(p)
+    return config.from_namespace(p.parse_args(argv))
+
+
+def test_defaults_and_round_trip():
+    cfg = parse([])
+    assert cfg == config.PrfaasConfig()
+    assert pickle.loads(pickle.dumps(cfg)) == cfg  # travels into SGLang's scheduler subprocesses
+    cfg = parse(["--prfaas-zmq-connections", "8", "--prfaas-role", "remote"])
+    assert (cfg.zmq_connections, cfg.role) == (8, "remote")
+
+
+def test_frozen():
+    with pytest.raises(Exception):
+        config.PrfaasConfig().zmq_connections = 3
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--prfaas-zmq-connections", "0"], "--prfaas-zmq-connections"),
+    (["--prfaas-zmq-chunk-bytes", "10"], "--prfaas-zmq-chunk-bytes"),
+    (["--prfaas-zmq-chunk-bytes", "1048576", "--prfaas-zmq-window-bytes", "4096"], "--prfaas-zmq-window-bytes"),
+    (["--prfaas-zmq-timeout-s", "-1"], "--prfaas-zmq-timeout-s"),
+    (["--prfaas-zmq-curve-keys", "/nonexistent/dir"], "--prfaas-zmq-curve-keys"),
+    (["--prfaas-zmq-stats-port", "70000"], "--prfaas-zmq-stats-port"),
+])
+def test_invalid_values_name_the_flag(argv, flag):
+    with pytest.raises(ValueError, match=flag):
+        parse(argv)
+
+
+def test_unknown_choice_is_argparse_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse(["--prfaas-role", "moon"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--prfaas-role" in err and "remote" in err

@@ -1,0 +1,93 @@
+"""Router config (flags, TOML file, validation) and the process entry point."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+
+from prfaas_sgl.router.config import InstanceSpec, RouterConfig, parse_config
+from prfaas_sgl.router.standin import RoomBoard, Standin, build_tiny_tokenizer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_flags_override_file_and_specs_parse(tmp_path):
+    tok = build_tiny_tokenizer(str(tmp_path / "tok"))
+    (tmp_path / "r.toml").write_text(f"""
+tokenizer_path = "{tok}"
+threshold = 4096
+policy = "threshold"
+[[prfaas]]
+url = "http://10.0.0.1:30000"
+bootstrap_port = 8998
+kv_events = "tcp://10.0.0.1:5557"
+[[decode]]
+url = "http://127.0.0.1:30002"
+""")
+    cfg = parse_config(["--config", str(tmp_path / "r.toml"), "--threshold", "100",
+                        "--local-prefill", "http://127.0.0.1:30001;bootstrap=9000;name=lp"])
+    assert cfg.threshold == 100 and cfg.policy == "threshold"
+    assert cfg.prfaas == (InstanceSpec("http://10.0.0.1:30000", 8998, "tcp://10.0.0.1:5557", "prfaas0"),)
+    assert cfg.local_prefill == (InstanceSpec("http://127.0.0.1:30001", 9000, None, "lp"),)
+    assert cfg.model_name == "tok"
+
+
+@pytest.mark.parametrize("kw, flag", [
+    ({"decode": ()}, "--decode"),
+    ({"local_prefill": ("http://h:1",)}, "bootstrap="),
+    ({"threshold": -1}, "--threshold"),
+    ({"policy": "fastest"}, "--policy"),
+    ({"low_watermark": 0.95}, "--low-watermark"),
+    ({"tokenizer_path": "/nonexistent"}, "--tokenizer-path"),
+])
+def test_validation_names_the_flag(tmp_path, kw, flag):
+    base = dict(local_prefill=("http://h:1;bootstrap=8998",), decode=("http://h:2",),
+                tokenizer_path=build_tiny_tokenizer(str(tmp_path / "tok")))
+    with pytest.raises(ValueError, match=re.escape(flag)):
+        RouterConfig(**{**base, **kw})
+
+
+def test_router_imports_no_torch_or_sglang():
+    code = ("import sys, prfaas_sgl.launch_router, prfaas_sgl.router.app; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang', 'transformers')]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_launch_router_process_serves_and_stops(tmp_path):
+    async def body():
+        board = RoomBoard()
+        pre, dec = Standin("prefill", board), Standin("decode", board)
+        await pre.start()
+        await dec.start()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "prfaas_sgl.launch_router", "--port", "0", "--local-prefill",
+            f"{pre.url};bootstrap=8998", "--decode", dec.url, "--served-model-name", "tiny",
+            "--tokenizer-path", build_tiny_tokenizer(str(tmp_path / "tok")), stderr=asyncio.subprocess.PIPE)
+        try:
+            url = None
+            while url is None:
+                line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+                assert line, "router exited before listening"
+                m = re.search(r"listening on (http://\S+)", line)
+                url = m and m.group(1)
+            async with aiohttp.ClientSession() as s:
+                body = {"model": "tiny", "prompt": "hello world", "max_tokens": 2}
+                async with s.post(url + "/v1/completions", data=json.dumps(body)) as r:
+                    assert r.status == 200 and (await r.json())["choices"][0]["text"] == "t0 t1 t2 t3 "
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await pre.close()
+            await dec.close()
+    asyncio.run(body())
