@@ -1,1 +1,17 @@
-"""prfaas_sgl.cachepool"""
+"""prfaas_sgl.cachepool: hybrid prefix cache pool bookkeeping (no torch, no sglang here).
+
+Tensors live in `storage.BlockStorage` (imports torch lazily); everything else is plain Python.
+"""
+from .allocation import NULL_BLOCK, Allocation, PagedAllocation, PoolUsage, StateAllocation
+from .config import GroupSpec, PoolConfig, PoolExhaustedError, PoolLayoutError, RequestTooLongError
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+from .hashing import block_hashes
+from .managers import REGISTRY, manager_class
+from .pool import HybridCachePool
+
+__all__ = [
+    "NULL_BLOCK", "Allocation", "PagedAllocation", "PoolUsage", "StateAllocation", "GroupSpec",
+    "PoolConfig", "PoolExhaustedError", "PoolLayoutError", "RequestTooLongError", "AllBlocksCleared",
+    "BlockRemoved", "BlockStored", "EventBatch", "block_hashes", "REGISTRY", "manager_class",
+    "HybridCachePool",
+]

@@ -89,7 +89,7 @@ def get_config(server_args) -> prfaas_config.PrfaasConfig:
 
 def _install_transfer_backend(HookRegistry, HookType) -> None:
     try:
-        from prfaas_sgl.transfer import sglang_backend
+        from prfaas_sgl.backend import sglang_backend
     except ImportError as e:  # transport not built yet or its deps missing: SGLang's own backends still work
         log.debug("prfaas_zmq backend unavailable: %s", e)
         return

@@ -45,6 +45,8 @@ class ServerSpec:
     transfer_backend: str = "mooncake"
     bootstrap_port: int | None = None  # prefill only
     max_total_tokens: int = 65536
+    max_running_requests: int = 128
+    max_mamba_slots: int = 512  # hybrid only; SGLang's default sizes ~145K slots (~4 GB) for a tiny model
     chunked_prefill_size: int | None = None
     page_size: int | None = None
     extra_args: tuple[str, ...] = ()
@@ -69,10 +71,10 @@ def cpu_args(spec: ServerSpec) -> list[str]:
         "--model-path", spec.model_path, "--host", spec.host, "--port", str(spec.port),
         "--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule",
         "--dtype", "float32", "--max-total-tokens", str(spec.max_total_tokens),
-        "--skip-server-warmup",
+        "--max-running-requests", str(spec.max_running_requests), "--skip-server-warmup",
     ]
     if is_hybrid(spec.model_path):
-        args += ["--mamba-radix-cache-strategy", "no_buffer"]
+        args += ["--mamba-radix-cache-strategy", "no_buffer", "--max-mamba-cache-size", str(spec.max_mamba_slots)]
     if spec.chunked_prefill_size:
         args += ["--chunked-prefill-size", str(spec.chunked_prefill_size)]
     if spec.page_size:

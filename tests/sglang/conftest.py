@@ -1,9 +1,14 @@
-"""Real SGLang servers on CPU, shared by the whole sglang tier.
+"""Real SGLang servers on CPU for the sglang tier.
 
-Servers start ~40-80 s each on 2 cores, so every server the tier needs is started at once, the first time
-any test asks for one (`farm`), and stopped at session end. Names are the keys of `SERVERS`.
+A server takes ~40-80 s to start on 2 cores and ~2.5 GB of RAM (HTTP, scheduler and detokenizer
+processes), so each test module declares the group of servers it needs (`farm_for`) and the group starts
+concurrently, serves the whole module, and stops before the next module's group starts.
 """
 from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
 
 import pytest
 
@@ -12,23 +17,6 @@ from prfaas_sgl.models.tiny import ensure
 
 HYBRID = "tiny-qwen35-hybrid"
 LLAMA = "tiny-llama"
-CHUNK = 512  # chunked prefill smaller than the long prompts, so PD sends several chunks
-
-
-def _specs(tmp) -> dict[str, ServerSpec]:
-    hybrid, llama = str(ensure(HYBRID)), str(ensure(LLAMA))
-    boot = free_port()
-
-    def spec(name, model, **kw):
-        return ServerSpec(model_path=model, port=free_port(), log_path=str(tmp / f"{name}.log"), **kw)
-
-    return {
-        "llama": spec("llama", llama),
-        "hybrid": spec("hybrid", hybrid),
-        "hybrid_mc_prefill": spec("hybrid_mc_prefill", hybrid, mode="prefill", transfer_backend="mooncake",
-                                  bootstrap_port=boot, chunked_prefill_size=CHUNK),
-        "hybrid_mc_decode": spec("hybrid_mc_decode", hybrid, mode="decode", transfer_backend="mooncake"),
-    }
 
 
 class Farm:
@@ -36,30 +24,51 @@ class Farm:
         self.specs = specs
         self.servers = {name: SGLangServer(s) for name, s in specs.items()}
 
-    def start(self):
+    def start(self) -> "Farm":
         for srv in self.servers.values():
             srv.start()
-        for srv in self.servers.values():
-            srv.wait_healthy(timeout_s=600)
+        try:
+            for srv in self.servers.values():
+                srv.wait_healthy(timeout_s=600)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def __getitem__(self, name: str) -> SGLangServer:
         return self.servers[name]
 
-    def stop(self):
+    def stop(self) -> None:
         for srv in self.servers.values():
             srv.stop()
 
 
+def spec(log_dir: Path, name: str, model: str, **kw) -> ServerSpec:
+    return ServerSpec(model_path=str(ensure(model)), port=free_port(), log_path=str(log_dir / f"{name}.log"), **kw)
+
+
 @pytest.fixture(scope="session")
-def farm(tmp_path_factory):
-    f = Farm(_specs(tmp_path_factory.mktemp("sglang-logs")))
-    try:
-        yield f.start()
-    finally:
-        f.stop()
+def log_dir() -> Path:
+    # Not under pytest's tmp dirs: concurrent pytest runs prune those while servers still write logs.
+    d = Path(os.environ.get("PRFAAS_TEST_LOG_DIR", "out/test-logs")) / time.strftime("%Y%m%d-%H%M%S")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
 
 
 @pytest.fixture(scope="session")
 def model_paths():
     return {"llama": str(ensure(LLAMA)), "hybrid": str(ensure(HYBRID))}
+
+
+def farm_for(build_specs):
+    """Module-scoped fixture factory: `farm = farm_for(lambda log_dir: {name: spec, ...})`."""
+
+    @pytest.fixture(scope="module")
+    def _farm(log_dir):
+        f = Farm(build_specs(log_dir)).start()
+        try:
+            yield f
+        finally:
+            f.stop()
+
+    return _farm

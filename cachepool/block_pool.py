@@ -1,0 +1,128 @@
+"""The shared pool of equal blocks: free list, ref counts, LRU of evictable cached blocks.
+
+Plain Python, no tensors. Every block is in exactly one state:
+    free      ref == 0, not cached     -> in `_free` (reused first, oldest-freed first)
+    cached    ref == 0, cached         -> in `_lru`  (evicted only when `_free` runs dry, LRU first)
+    in use    ref  > 0 (cached or not) -> referenced by request tables
+Managers own the prefix index; a cached block records (manager, hash) so eviction can ask its
+manager to drop the whole entry (a linear-state checkpoint spans several blocks).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import Optional, Protocol
+
+from .config import PoolExhaustedError
+
+
+class EntryOwner(Protocol):
+    def drop_entry(self, block_hash: int) -> list[int]:
+        """Forget the index entry; return all of its blocks (each cached with ref 0)."""
+
+
+class BlockPool:
+    __slots__ = ("num_blocks", "ref", "owner", "owner_hash", "_free", "_lru")
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.ref = [0] * num_blocks
+        # owner[b] is the manager whose index holds b, under owner_hash[b]; two flat lists rather
+        # than a tuple per block keep the hot path free of GC-tracked allocations
+        self.owner: list[Optional[EntryOwner]] = [None] * num_blocks
+        self.owner_hash: list[int] = [0] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+        self._lru: OrderedDict[int, None] = OrderedDict()
+
+    # -- counts -------------------------------------------------------------------------------
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def num_cached_idle(self) -> int:
+        return len(self._lru)
+
+    def num_available(self) -> int:
+        """Blocks an allocation may take now: free plus evictable."""
+        return len(self._free) + len(self._lru)
+
+    # -- allocation ---------------------------------------------------------------------------
+    def take(self, n: int) -> list[int]:
+        """Return n blocks with ref 1, evicting LRU cached blocks if the free list runs dry.
+
+        Raises PoolExhaustedError (nothing mutated) if free + evictable < n.
+        """
+        if n > len(self._free) + len(self._lru):
+            raise PoolExhaustedError(
+                f"need {n} blocks, {len(self._free)} free + {len(self._lru)} evictable")
+        while len(self._free) < n:
+            self._evict_one()
+        free, ref = self._free, self.ref
+        out = [free.popleft() for _ in range(n)]
+        for b in out:
+            ref[b] = 1
+        return out
+
+    def _evict_one(self) -> None:
+        block = next(iter(self._lru))  # least recently released
+        manager = self.owner[block]
+        for b in manager.drop_entry(self.owner_hash[block]):  # type: ignore[union-attr]
+            del self._lru[b]
+            self.owner[b] = None
+            self._free.append(b)
+
+    # -- references ---------------------------------------------------------------------------
+    def incref(self, blocks: list[int]) -> None:
+        """Take a reference on each block (a cache hit); cached idle blocks leave the LRU."""
+        ref, lru = self.ref, self._lru
+        for b in blocks:
+            if ref[b] == 0:
+                del lru[b]
+            ref[b] += 1
+
+    def decref(self, blocks: list[int]) -> None:
+        """Drop a reference on each block, in the order given: the first to reach 0 is evicted
+        first, so callers pass tails before prefixes."""
+        ref, owner = self.ref, self.owner
+        for b in blocks:
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
+                if owner[b] is None:
+                    self._free.append(b)
+                else:
+                    self._lru[b] = None
+
+    def set_owner(self, block: int, manager: EntryOwner, block_hash: int) -> None:
+        """Mark an in-use block as cached under (manager, hash)."""
+        self.owner[block] = manager
+        self.owner_hash[block] = block_hash
+
+    # -- inspection ---------------------------------------------------------------------------
+    def free_blocks(self) -> list[int]:
+        return list(self._free)
+
+    def lru_blocks(self) -> list[int]:
+        """Evictable blocks, next to be evicted first."""
+        return list(self._lru)
+
+    def reset(self) -> None:
+        """Forget everything (caller guarantees no request holds blocks)."""
+        self.ref = [0] * self.num_blocks
+        self.owner = [None] * self.num_blocks
+        self.owner_hash = [0] * self.num_blocks
+        self._free = deque(range(self.num_blocks))
+        self._lru.clear()
+
+    def check(self) -> None:
+        """Pool-local invariants; raises AssertionError naming the first violation."""
+        free, lru = set(self._free), set(self._lru)
+        assert len(free) == len(self._free), "a block is in the free list twice"
+        assert not (free & lru), f"blocks both free and cached: {sorted(free & lru)[:8]}"
+        for b in range(self.num_blocks):
+            r = self.ref[b]
+            assert r >= 0, f"block {b} has ref {r}"
+            if b in free:
+                assert r == 0 and self.owner[b] is None, f"free block {b}: ref {r}, owner set"
+            elif b in lru:
+                assert r == 0 and self.owner[b] is not None, f"idle cached block {b}: ref {r} or no owner"
+            else:
+                assert r > 0, f"block {b} is neither free, cached nor referenced (leaked)"
