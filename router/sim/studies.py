@@ -1,0 +1,128 @@
+"""The studies behind docs/simulation.md; each writes one PNG and prints JSON.
+
+    python3 -m prfaas_sgl.router.sim.studies {capacity,burst,prefix,dense} --out docs/img
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from ..planner import load_scenario
+from ..planner.optimize import plan_homogeneous, plan_naive, plan_prfaas
+from ..planner.scenario import with_prefix_hits
+from .config import sim_config
+from .metrics import request_arrays
+from .plots import _plt, plot_timeseries
+from .run import build, simulate
+
+ROOT = Path(__file__).resolve().parents[2]
+CASE = ROOT / "scenarios" / "paper_case_study.toml"
+
+
+def stable(scn, policy: str, rate: float, seed: int = 1) -> bool:
+    """One simulated hour at ``rate``: stable if the backlog left when arrivals stop is small."""
+    cfg = sim_config({**scn.sim, "arrival": {"kind": "poisson", "rate": rate}}, policy=policy, seed=seed)
+    sim = build(scn, cfg)
+    sim.run()
+    a = request_arrays(sim.reqs)
+    with np.errstate(invalid="ignore"):
+        backlog = int(np.sum(~(a["decode_start"] <= cfg.duration_s)))
+    return backlog <= max(50, 0.02 * len(sim.reqs))
+
+
+def capacity(out: Path) -> dict:
+    scn = load_scenario(CASE)
+    model = {"threshold": plan_prfaas(scn.system).stages.lam, "local_only": plan_homogeneous(scn.baseline).stages.lam,
+             "all_remote": plan_naive(scn.system).stages.lam}
+    found = {}
+    for pol, lam in model.items():
+        lo, hi = 0.6 * lam, 1.2 * lam
+        for _ in range(7):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if stable(scn, pol, mid) else (lo, mid)
+        found[pol] = lo
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    x = np.arange(3)
+    ax.bar(x - 0.2, list(model.values()), 0.4, label="model Λ_max")
+    ax.bar(x + 0.2, [found[p] for p in model], 0.4, label="simulator max stable rate")
+    ax.set_xticks(x, ["PrfaaS-PD", "homogeneous PD", "naive heterog."])
+    ax.set(ylabel="req/s", title="paper case study: model vs simulator")
+    ax.legend(fontsize=8)
+    fig.tight_layout(), fig.savefig(out / "capacity.png", dpi=100), plt.close(fig)
+    return {"model_rps": model, "sim_max_stable_rps": found,
+            "ratio": {p: found[p] / model[p] for p in model}}
+
+
+def burst(out: Path) -> dict:
+    scn = load_scenario(ROOT / "scenarios" / "burst_link_drop.toml")
+    runs = {"static threshold": ("threshold", False), "bandwidth-aware": ("bandwidth_aware", False),
+            "bandwidth-aware + controller": ("bandwidth_aware", True), "threshold + controller": ("threshold", True)}
+    docs = {k: simulate(scn, sim_config(scn.sim, policy=p, controller=c)) for k, (p, c) in runs.items()}
+    plot_timeseries(docs, out / "burst_link_drop.png", "on-off arrivals, 25 Gbit/s link at 30% in min 15-20, 40-45")
+    return {k: {m: d["totals"][m] for m in ("goodput_rps", "slo_attainment", "offload_fraction", "reasons")}
+            | {"ttft_p90_s": d["totals"]["ttft_s"]["p90"]} for k, d in docs.items()}
+
+
+def prefix(out: Path) -> dict:
+    scn = load_scenario(CASE)
+    rows = {}
+    for h in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
+        dist = with_prefix_hits(scn.raw_lengths, h, 0.5)
+        pr = plan_prfaas(replace(scn.system, dist=dist)).stages
+        ho = plan_homogeneous(replace(scn.baseline, dist=dist)).stages
+        rows[h] = {"t": pr.t, "split": [pr.n_p, pr.n_d], "lam": pr.lam, "homog": ho.lam, "gain": pr.lam / ho.lam,
+                   "offload": pr.split.p}
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5))
+    hs = list(rows)
+    a1.plot(hs, [rows[h]["t"] / 1000 for h in hs], "o-")
+    a1.set(xlabel="hit rate (50% of the prompt cached)", ylabel="optimal t (K tokens)")
+    a2.plot(hs, [rows[h]["lam"] for h in hs], "o-", label="PrfaaS-PD")
+    a2.plot(hs, [rows[h]["homog"] for h in hs], "s--", label="homogeneous PD")
+    a2.set(xlabel="hit rate", ylabel="Λ_max (req/s)")
+    a2.legend(fontsize=8)
+    fig.tight_layout(), fig.savefig(out / "prefix_hits.png", dpi=100), plt.close(fig)
+    return rows
+
+
+def dense(out: Path) -> dict:
+    names = ["paper_case_study", "qwen3_5_397b", "qwen3_235b_dense", "minimax_m2_5_dense"]
+    links = [10, 25, 50, 100, 200, 400, 800]
+    rows = {}
+    for n in names:
+        scn = load_scenario(ROOT / "scenarios" / f"{n}.toml")
+        base = plan_homogeneous(scn.baseline).stages.lam
+        rows[n] = {g: {"gain": (st := plan_prfaas(replace(scn.system, link_Bps=g * 1e9 / 8)).stages).lam / base,
+                       "offload": st.split.p, "bound": st.bound} for g in links}
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for n in names:
+        ax.plot(links, [rows[n][g]["gain"] for g in links], "o-", label=n)
+    ax.axhline(1.0, color="k", lw=0.6)
+    ax.set(xscale="log", xlabel="inter-DC link (Gbit/s)", ylabel="Λ_max / homogeneous PD",
+           title="where PrfaaS stops paying off")
+    ax.legend(fontsize=7)
+    fig.tight_layout(), fig.savefig(out / "dense_vs_link.png", dpi=100), plt.close(fig)
+    return rows
+
+
+STUDIES = {"capacity": capacity, "burst": burst, "prefix": prefix, "dense": dense}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="simulation studies for docs/simulation.md")
+    ap.add_argument("study", choices=sorted(STUDIES))
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(json.dumps(STUDIES[args.study](args.out), indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
