@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 
 
 def install(HookRegistry, HookType) -> None:
-    for fix in (fla_gated_rmsnorm_on_cpu,):
+    for fix in (fla_gated_rmsnorm_on_cpu, mooncake_sender_host_indices_off):
         fix()
     HookRegistry.register(
         "sglang.srt.models.qwen3_next.Qwen3GatedDeltaNet.__init__", qwen3_next_current_device, HookType.AROUND
@@ -32,6 +32,16 @@ def fla_gated_rmsnorm_on_cpu() -> None:
         if not module._use_cpu:
             module._use_cpu = True
             log.info("prfaas_sgl cpu fix: %s uses the CPU gated-RMSNorm op", name)
+
+
+def mooncake_sender_host_indices_off() -> None:
+    """With `supports_host_tensor_indices`, the prefill side copies page indices into pinned memory and
+    records a CUDA event (prefill.py `_send_kv_chunk`); on CPU the indices are host tensors already."""
+    try:
+        from sglang.srt.disaggregation.mooncake import conn
+    except ImportError:  # mooncake backend not importable: nothing to fix
+        return
+    conn.MooncakeKVSender.supports_host_tensor_indices = False
 
 
 def qwen3_next_current_device(original, self, *args, **kwargs):

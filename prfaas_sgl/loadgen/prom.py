@@ -1,14 +1,15 @@
 """Read the router's Prometheus ``/metrics`` during a run: offload fraction and link utilization.
 
-Metric names are configurable (:class:`RouterMetricNames`); the defaults are the names the prfaas
-router exports:
+Metric names are configurable (:class:`RouterMetricNames`); the defaults are what ``router/metrics.py``
+exports (first three) plus two optional names the router may add:
 
 | default name | type | used for |
 |---|---|---|
-| ``prfaas_router_requests_total{route="prfaas"\\|"local"}`` | counter | offload fraction = Δprfaas / Δall |
-| ``prfaas_link_bytes_total`` | counter | link bits/s between scrapes |
-| ``prfaas_link_capacity_bps`` | gauge | utilization = bits/s / capacity |
-| ``prfaas_link_utilization`` | gauge (0..1) | used directly when present |
+| ``prfaas_router_decisions_total{route="prfaas" or "local", reason}`` | counter | offload fraction = Δprfaas / Δall |
+| ``prfaas_router_link_utilization`` | gauge | link utilization as the router defines it |
+| ``prfaas_router_link_goodput_bps`` | gauge | link bits/s (when no byte counter) |
+| ``prfaas_router_link_bytes_total`` | counter (optional) | link bits/s between scrapes, exact |
+| ``prfaas_router_link_capacity_bps`` | gauge (optional) | utilization = bits/s / capacity, if no utilization gauge |
 
 A missing metric yields ``None`` for what depends on it, never an error: the load generator also runs
 against plain SGLang servers.
@@ -26,12 +27,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 @dataclass(frozen=True, slots=True)
 class RouterMetricNames:
-    requests_total: str = "prfaas_router_requests_total"
+    requests_total: str = "prfaas_router_decisions_total"
     route_label: str = "route"
     remote_route: str = "prfaas"
-    link_bytes_total: str = "prfaas_link_bytes_total"
-    link_capacity_bps: str = "prfaas_link_capacity_bps"
-    link_utilization: str = "prfaas_link_utilization"
+    link_utilization: str = "prfaas_router_link_utilization"
+    link_bps: str = "prfaas_router_link_goodput_bps"
+    link_bytes_total: str = "prfaas_router_link_bytes_total"
+    link_capacity_bps: str = "prfaas_router_link_capacity_bps"
 
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -111,7 +113,7 @@ class MetricsSampler:
         for a, b in zip(self.scrapes, self.scrapes[1:]):
             dt = b.t_s - a.t_s
             d = _delta(a.samples, b.samples, n.link_bytes_total)
-            bps = d * 8 / dt if d is not None and dt > 0 else None
+            bps = d * 8 / dt if d is not None and dt > 0 else total(b.samples, n.link_bps)
             util = total(b.samples, n.link_utilization)
             cap = total(b.samples, n.link_capacity_bps)
             if util is None and bps is not None and cap:

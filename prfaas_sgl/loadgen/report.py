@@ -65,6 +65,7 @@ _ROWS = (
     ("throughput (req/s)", lambda s: _fmt(s["request_throughput"])),
     ("goodput (req/s)", lambda s: _fmt(s["goodput"])),
     ("SLO attainment", lambda s: _fmt(s["slo_attainment"])),
+    ("prefix-cached tokens", lambda s: _fmt(s["cached_token_fraction"])),
     ("input tok/s", lambda s: _fmt(s["input_token_throughput"], digits=1)),
     ("output tok/s", lambda s: _fmt(s["output_token_throughput"], digits=1)),
     ("TTFT mean (s)", lambda s: _fmt(s["ttft_s"]["mean"])),

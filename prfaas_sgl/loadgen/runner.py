@@ -80,7 +80,8 @@ class Runner:
 
         async def one(rec: RequestRecord) -> None:
             async with sem:
-                prompt = await asyncio.to_thread(self.builder.build, (), rec.input_len, (_WARMUP_KEY + rec.index,))
+                key = (_WARMUP_KEY + rec.index,)
+                prompt = await asyncio.to_thread(self.builder.build, (), rec.input_len, key)
                 await self.client.send(rec, prompt, t0)
 
         await asyncio.gather(*(one(r) for r in recs))
@@ -88,11 +89,10 @@ class Runner:
 
     async def _measured(self, warm: list[RequestRecord]) -> RunResult:
         spec = self.spec
-        planned = self.workload.n_requests if not spec.max_requests else min(spec.max_requests,
-                                                                               self.workload.n_requests)
+        planned = min(spec.max_requests or self.workload.n_requests, self.workload.n_requests)
         t0 = time.perf_counter()
-        st = _State(t0, spec.max_requests or 2**62, t0 + spec.max_duration_s if spec.max_duration_s else
-                    float("inf"))
+        deadline = t0 + spec.max_duration_s if spec.max_duration_s else float("inf")
+        st = _State(t0, spec.max_requests or 2**62, deadline)
         started_unix = time.time()
         stop = asyncio.Event()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:

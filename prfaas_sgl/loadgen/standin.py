@@ -7,8 +7,8 @@ generator's approximate mode):
     chunk = one token per chunk, token i at arrival + TTFT + i * itl_s   (so TPOT = ITL = itl_s)
     route = "prfaas" if w > route_threshold else "local"  (header only when route_threshold > 0)
 
-``/metrics`` mimics the router's Prometheus names (see prom.py): a per-route request counter, link
-bytes (``link_bytes_per_token`` per prompt word of each remote request) and the link capacity.
+``/metrics`` uses the router's Prometheus names (see prom.py): the per-route decision counter, and the
+optional link byte counter (``link_bytes_per_token`` per prompt word of each remote request) and capacity.
 """
 
 from __future__ import annotations
@@ -78,11 +78,11 @@ class StandInServer:
         return web.json_response({"object": "list", "data": [{"id": self.script.model, "object": "model"}]})
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        lines = ["# TYPE prfaas_router_requests counter"]
-        lines += [f'prfaas_router_requests_total{{route="{r}"}} {n}' for r, n in sorted(self.routes.items())]
-        lines += ["# TYPE prfaas_link_bytes counter", f"prfaas_link_bytes_total {self.link_bytes}",
-                  "# TYPE prfaas_link_capacity_bps gauge",
-                  f"prfaas_link_capacity_bps {self.script.link_capacity_bps}"]
+        p = "prfaas_router_"
+        lines = [f"# TYPE {p}decisions counter"]
+        lines += [f'{p}decisions_total{{route="{r}",reason="standin"}} {n}' for r, n in sorted(self.routes.items())]
+        lines += [f"# TYPE {p}link_bytes counter", f"{p}link_bytes_total {self.link_bytes}",
+                  f"# TYPE {p}link_capacity_bps gauge", f"{p}link_capacity_bps {self.script.link_capacity_bps}"]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:

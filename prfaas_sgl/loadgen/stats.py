@@ -66,12 +66,20 @@ def summarize(records: Sequence[RequestRecord], slo: Slo, duration_s: float | No
         "input_token_throughput": per_s(sum(r.prompt_tokens or r.input_len for r in ok)),
         "output_token_throughput": per_s(sum(r.output_tokens for r in ok)),
         "goodput": per_s(good),
+        "cached_token_fraction": _cached_fraction(ok),
         "slo_attainment": good / len(records) if records else 0.0,
         "ttft_s": dist_stats([r.ttft_s for r in ok]),
         "tpot_s": dist_stats([t for r in ok if (t := r.tpot_s) is not None]),
         "itl_s": dist_stats([x for r in ok for x in r.itl_s()]),
         "e2e_s": dist_stats([r.e2e_s for r in ok]),
     }
+
+
+def _cached_fraction(ok: Sequence[RequestRecord]) -> float | None:
+    """Prompt tokens served from the prefix cache / prompt tokens, over requests whose server reported
+    both (SGLang needs --enable-cache-report); None when none did."""
+    rep = [r for r in ok if r.cached_tokens is not None and r.prompt_tokens]
+    return sum(r.cached_tokens for r in rep) / sum(r.prompt_tokens for r in rep) if rep else None
 
 
 def by_route(records: Sequence[RequestRecord], slo: Slo) -> dict[str, dict]:
