@@ -7,9 +7,14 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from prfaas_sgl.transfer.config import PeerInfo
 from prfaas_sgl.transfer.stats import LinkStats
+
+
+HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 
 
 class Link:
@@ -22,6 +27,9 @@ class Link:
     def __init__(self, peer: PeerInfo, socks: list[zmq.Socket], stats: LinkStats, window: int) -> None:
         self.peer = peer
         self.socks = socks
+        # handshake monitors: a refused CURVE key or mechanism fails transfers now, not at their deadline
+        self.monitors = [s.get_monitor_socket(HANDSHAKE_EVENTS) for s in socks]
+        self.handshake_error: str | None = None
         self.stats = stats
         self.window = window
         self.inflight = 0
@@ -87,6 +95,23 @@ class Link:
         self.blocked = True
         return False
 
+    def on_monitor(self, mon: zmq.Socket) -> str | None:
+        """Read one handshake event; returns a failure reason for this peer, or None."""
+        ev = recv_monitor_message(mon, zmq.NOBLOCK)
+        if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.handshake_error = None
+        elif ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            self.handshake_error = (f"CURVE authentication refused by {self.peer.key()} (ZAP status "
+                                    f"{int(ev['value'])}): this sender's client key is not authorized there")
+        elif ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            why = zmq.Event(ev["value"]).name
+            self.handshake_error = (f"handshake with {self.peer.key()} failed ({why}): CURVE on one side "
+                                    "only, or a wrong server key?")
+        return self.handshake_error
+
     def close(self) -> None:
         for s in self.socks:
+            s.disable_monitor()
             s.close(0)
+        for m in self.monitors:
+            m.close(0)

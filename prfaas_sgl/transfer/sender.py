@@ -132,7 +132,13 @@ class ZmqSender(SocketLoop):
             self.stats.link(str(peer.host)).on_failure("bad_peer")
             return None
         now = time.monotonic()
-        t = _OutTransfer(tid, self._link(peer), now + timeout_s, timeout_s, now)
+        link = self._link(peer)
+        # the last handshake failed and none succeeded since: fail now rather than at the deadline
+        if link.handshake_error:
+            self._status[tid] = TransferStatus(S.FAILED, link.handshake_error)
+            link.stats.on_failure("handshake")
+            return None
+        t = _OutTransfer(tid, link, now + timeout_s, timeout_s, now)
         self._transfers[tid] = t
         self._set(t, S.OPENING)
         t.link.control.append(self._stamp(Open(transfer_id=tid, layout=self.layout)))
@@ -144,7 +150,7 @@ class ZmqSender(SocketLoop):
             socks = [self._dealer(peer) for _ in range(self.cfg.connections)]
             link = Link(peer, socks, self.stats.link(peer.key()), self.cfg.window_bytes)
             self._links[peer.key()] = link
-            self._by_sock.update((s, link) for s in socks)
+            self._by_sock.update((s, link) for s in socks + link.monitors)
         return link
 
     def _dealer(self, peer: PeerInfo) -> zmq.Socket:
@@ -170,10 +176,14 @@ class ZmqSender(SocketLoop):
         for link in self._links.values():
             flags = zmq.POLLIN | (zmq.POLLOUT if link.blocked else 0)
             items.extend((s, flags) for s in link.socks)
+            items.extend((m, zmq.POLLIN) for m in link.monitors)
         return items
 
     def on_event(self, sock: zmq.Socket, events: int) -> None:
         link = self._by_sock[sock]
+        if sock in link.monitors:
+            self._on_handshake(link, sock)
+            return
         if events & zmq.POLLOUT:
             link.blocked = False
         if events & zmq.POLLIN:
@@ -212,6 +222,14 @@ class ZmqSender(SocketLoop):
         elif isinstance(msg, (Failed, Abort)):
             state = S.FAILED if isinstance(msg, Failed) else S.ABORTED
             self._fail(t, state, f"receiver: {msg.reason}", notify=False)
+
+    def _on_handshake(self, link: Link, mon: zmq.Socket) -> None:
+        reason = link.on_monitor(mon)
+        if reason is None:
+            return
+        for t in list(self._active.values()):
+            if t.link is link:
+                self._fail(t, S.FAILED, reason, notify=False)
 
     def next_deadline(self) -> float | None:
         return min((t.deadline for t in self._active.values()), default=None)

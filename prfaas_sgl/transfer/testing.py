@@ -4,6 +4,7 @@ processes for tests. Commands are ("method", *args); replies are return values o
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,9 +60,11 @@ class Remote:
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child, role, layout, cfg, kwargs, seed), daemon=True)
         self._proc.start()
-        if not self._conn.poll(_START_TIMEOUT_S):
-            self.kill()
-            raise TimeoutError(f"{role} process did not start within {_START_TIMEOUT_S} s")
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while not self._conn.poll(0.05):
+            if not self._proc.is_alive() or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"{role} process failed to start (exit code {self._proc.exitcode})")
         self.address: PeerInfo | None = self._conn.recv()
 
     def call(self, cmd: str, *args: Any, timeout: float = 30.0) -> Any:

@@ -1,0 +1,58 @@
+"""CurveZMQ: only senders holding an authorized client key can connect and deliver bytes."""
+
+import shutil
+
+import pytest
+
+from prfaas_sgl.transfer.config import TransferConfig
+from prfaas_sgl.transfer.layout import page_regions
+from prfaas_sgl.transfer.security import generate_keys, server_public_key
+from prfaas_sgl.transfer.sender import ZmqSender
+from prfaas_sgl.transfer.states import TransferState as S
+from prfaas_sgl.transfer.testing import Remote, fill_random, read_regions, small_layout
+
+LAYOUT = small_layout()
+PAGES = [3, 4, 5, 9]
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    good = tmp_path_factory.mktemp("keys")
+    generate_keys(str(good))
+    intruder = tmp_path_factory.mktemp("intruder")
+    generate_keys(str(intruder))  # a valid key pair, just not authorized by `good`
+    shutil.copy(good / "server.key", intruder / "server.key")  # knows the server's public key
+    return str(good), str(intruder)
+
+
+def cfg(keys_dir):
+    return TransferConfig(connections=2, chunk_bytes=8192, window_bytes=32768, timeout_s=1.0, keys_dir=keys_dir)
+
+
+def test_only_authorized_senders_deliver(keys):
+    good, intruder = keys
+    src = fill_random(LAYOUT, seed=5)
+    with Remote("receiver", LAYOUT, cfg(good)) as rx:
+        assert rx.address.server_key == server_public_key(good)
+        regions = page_regions(LAYOUT, PAGES)
+        refused = ("CURVE authentication refused by", "handshake with")
+        for tid, sender_cfg, reason in ((1, cfg(intruder), refused[0]), (2, cfg(None), refused[1])):
+            rx.call("expect", tid, regions, 5.0)
+            tx = ZmqSender(LAYOUT, src, sender_cfg)
+            try:
+                tx.send(tid, rx.address, regions, last=True)
+                s = tx.wait(tid, 5)
+            finally:
+                tx.close()
+            assert s.state is S.FAILED and s.reason.startswith(f"{reason} {rx.address.key()}")
+            r = rx.call("poll", tid)
+            assert (r.state, r.nbytes) == (S.WAITING, 0)
+        assert rx.call("read", regions) == bytes(sum(r.length for r in regions))  # nothing injected
+        tx = ZmqSender(LAYOUT, src, cfg(good))
+        try:
+            tx.send(1, rx.address, regions, last=True)
+            assert tx.wait(1, 5).state is S.DONE
+        finally:
+            tx.close()
+        assert rx.call("wait", 1, 5).state is S.DONE
+        assert rx.call("read", regions) == read_regions(src, regions)
