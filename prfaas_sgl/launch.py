@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MODES = ("colocated", "prefill", "decode")
-_LIVE: set["SGLangServer"] = set()
+_LIVE: set["ManagedProcess"] = set()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -53,6 +53,7 @@ class ServerSpec:
     env: dict = field(default_factory=dict)
     log_path: str | None = None
     netns: str | None = None  # run inside `ip netns exec NAME` (emulated remote datacenter)
+    device: str = "cpu"  # "cuda": none of the CPU flags / environment below
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -65,85 +66,79 @@ class ServerSpec:
         return f"http://{self.host}:{self.port}"
 
 
-def cpu_args(spec: ServerSpec) -> list[str]:
-    """The flags SGLang 0.5.23 needs to serve on CPU (see sglang-notes.md), plus the spec's own."""
-    args = [
-        "--model-path", spec.model_path, "--host", spec.host, "--port", str(spec.port),
-        "--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule",
-        "--dtype", "float32", "--max-total-tokens", str(spec.max_total_tokens),
-        "--max-running-requests", str(spec.max_running_requests), "--skip-server-warmup",
-    ]
-    if is_hybrid(spec.model_path):
-        args += ["--mamba-radix-cache-strategy", "no_buffer", "--max-mamba-cache-size", str(spec.max_mamba_slots)]
+def server_args(spec: ServerSpec) -> list[str]:
+    """SGLang flags for `spec`: on CPU those SGLang 0.5.23 needs there (see sglang-notes.md), then PD
+    flags, then the spec's own."""
+    args = ["--model-path", spec.model_path, "--host", spec.host, "--port", str(spec.port)]
+    if spec.device == "cpu":
+        args += _cpu_args(spec)
     if spec.chunked_prefill_size:
         args += ["--chunked-prefill-size", str(spec.chunked_prefill_size)]
     if spec.page_size:
         args += ["--page-size", str(spec.page_size)]
     if spec.mode != "colocated":
-        args += [
-            "--disaggregation-mode", spec.mode,
-            "--disaggregation-transfer-backend", spec.transfer_backend,
-            # The default backup path calls cudaHostRegister.
-            "--disaggregation-decode-retraction-backup", "none",
-        ]
+        args += ["--disaggregation-mode", spec.mode, "--disaggregation-transfer-backend", spec.transfer_backend]
         if spec.mode == "prefill":
             args += ["--disaggregation-bootstrap-port", str(spec.bootstrap_port)]
     return args + list(spec.extra_args)
 
 
-def cpu_env(spec: ServerSpec) -> dict:
-    env = dict(os.environ)
-    env.update({
-        "SGLANG_USE_CPU_ENGINE": "1",
-        "SGLANG_HOST_IP": spec.host,  # advertised to the PD peer
-        "MC_FORCE_TCP": "1",  # Mooncake: TCP transport, no RDMA device lookup
-        "PYTHONUNBUFFERED": "1",
-    })
+def _cpu_args(spec: ServerSpec) -> list[str]:
+    args = [
+        "--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule",
+        "--dtype", "float32", "--max-total-tokens", str(spec.max_total_tokens),
+        "--max-running-requests", str(spec.max_running_requests), "--skip-server-warmup",
+    ]
+    if spec.mode != "colocated":
+        args += ["--disaggregation-decode-retraction-backup", "none"]  # the default calls cudaHostRegister
+    if is_hybrid(spec.model_path):
+        args += ["--mamba-radix-cache-strategy", "no_buffer", "--max-mamba-cache-size", str(spec.max_mamba_slots)]
+    return args
+
+
+def server_env(spec: ServerSpec) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", SGLANG_HOST_IP=spec.host)  # host advertised to the PD peer
+    if spec.device == "cpu":
+        env.update(SGLANG_USE_CPU_ENGINE="1", MC_FORCE_TCP="1")  # Mooncake: TCP, no RDMA device lookup
     env.update(spec.env)
     return env
 
 
-class SGLangServer:
-    def __init__(self, spec: ServerSpec):
-        self.spec = spec
+class ManagedProcess:
+    """A subprocess in its own session with a log file and an HTTP health URL; see module docstring."""
+
+    def __init__(self, cmd: list[str], env: dict, log_path: str, url: str, netns: str | None = None):
+        self.cmd = ["ip", "netns", "exec", netns, *cmd] if netns else cmd
+        self.env, self.log_path, self.url = env, Path(log_path), url
         self.proc: subprocess.Popen | None = None
         self._log = None
 
-    @property
-    def url(self) -> str:
-        return self.spec.url
-
-    def start(self) -> "SGLangServer":
-        cmd = [sys.executable, "-m", "sglang.launch_server", *cpu_args(self.spec)]
-        if self.spec.netns:
-            cmd = ["ip", "netns", "exec", self.spec.netns, *cmd]
-        log_path = Path(self.spec.log_path or f"/tmp/prfaas-sglang-{self.spec.port}.log")
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "wb")
+    def start(self):
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=cpu_env(self.spec), start_new_session=True
+            self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
         )
         _LIVE.add(self)
         _install_cleanup()
         return self
 
-    def wait_healthy(self, timeout_s: float = 300.0) -> "SGLangServer":
+    def wait_healthy(self, timeout_s: float = 300.0):
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"SGLang server on :{self.spec.port} exited ({self.proc.returncode}); "
+                raise RuntimeError(f"{self.url} exited ({self.proc.returncode}); "
                                    f"log tail:\n{self.log_tail()}")
             if _http_ok(self.url + "/health"):
                 return self
             time.sleep(0.5)
-        raise TimeoutError(f"SGLang server on :{self.spec.port} not healthy after {timeout_s}s; "
+        raise TimeoutError(f"{self.url} not healthy after {timeout_s}s; "
                            f"log tail:\n{self.log_tail()}")
 
     def log_tail(self, n: int = 40) -> str:
-        path = Path(self._log.name) if self._log else None
-        if not path or not path.exists():
+        if not self.log_path.exists():
             return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Kills the whole process group: SIGTERM, then SIGKILL after `grace_s`."""
@@ -176,6 +171,14 @@ class SGLangServer:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+class SGLangServer(ManagedProcess):
+    def __init__(self, spec: ServerSpec):
+        self.spec = spec
+        cmd = [sys.executable, "-m", "sglang.launch_server", *server_args(spec)]
+        log = spec.log_path or f"/tmp/prfaas-sglang-{spec.port}.log"
+        super().__init__(cmd, server_env(spec), log, spec.url, spec.netns)
 
 
 def _http_ok(url: str) -> bool:

@@ -24,7 +24,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import netns  # noqa: E402  (sibling script)
+from prfaas_sgl import netns  # noqa: E402
 from bench_transfer_worker import Payload  # noqa: E402
 
 from prfaas_sgl.transfer.security import generate_keys  # noqa: E402

@@ -4,7 +4,7 @@ both ends (see docs/design link-emulation.md). Needs root. Always removed, also 
     with emulated_link(rate="1gbit") as link:      # link.local_ip on the host, link.remote_ip in link.netns
         subprocess.run(link.exec_prefix + ["python3", ...])
 
-CLI: `python3 scripts/netns.py up --rate 5gbit` prints the link as JSON; `python3 scripts/netns.py down NAME`.
+CLI: `python -m prfaas_sgl.netns up --rate 5gbit` prints the link as JSON; `python -m prfaas_sgl.netns down NAME`.
 Each link takes a free /30 inside 10.77.0.0/24 and names derived from the pid, so runs don't collide.
 """
 

@@ -1,0 +1,113 @@
+"""One deployment file for a whole PrfaaS topology: which servers, on which machine, with which flags.
+
+Every machine runs `prfaas up --config FILE --machine NAME` and starts only its own share (servers whose
+`machine` is NAME, and the router if it is placed there). The router's server lists are derived from the
+same file, so nothing is kept in sync by hand. Example: docs/deploy-two-datacenters.toml.
+
+    [deployment]
+    model = "/models/Qwen3.5-35B"      # or "tiny:tiny-qwen35-hybrid" (built offline)
+    transfer_backend = "prfaas_zmq"
+    device = "cuda"                     # "cpu" adds the CPU serving flags (prfaas_sgl.launch)
+    server_args = ["--page-size", "64"] # for every server
+
+    [[servers]]
+    name = "prfaas-0"; machine = "remote-a"; pool = "prfaas"; host = "10.1.0.5"; port = 30000
+    bootstrap_port = 8998               # prefill pools only
+
+    [router]
+    machine = "local-a"; host = "0.0.0.0"; port = 8000; threshold = 8192   # any RouterConfig field
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+POOLS = ("prfaas", "local_prefill", "decode")
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class ServerEntry:
+    name: str
+    machine: str
+    pool: str
+    host: str
+    port: int
+    bootstrap_port: int | None = None
+    netns: str | None = None
+    args: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.pool not in POOLS:
+            raise ValueError(f"servers[{self.name}].pool must be one of {POOLS}, got {self.pool!r}")
+        if self.pool != "decode" and self.bootstrap_port is None:
+            raise ValueError(f"servers[{self.name}].bootstrap_port is required for a prefill server")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"servers[{self.name}].port must be in 1..65535, got {self.port}")
+
+    @property
+    def mode(self) -> str:
+        return "decode" if self.pool == "decode" else "prefill"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    model: str
+    servers: tuple[ServerEntry, ...]
+    router: dict = field(default_factory=dict)
+    transfer_backend: str = "prfaas_zmq"
+    device: str = "cuda"
+    server_args: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.device not in DEVICES:
+            raise ValueError(f"deployment.device must be one of {DEVICES}, got {self.device!r}")
+        names = [s.name for s in self.servers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"servers: duplicate names in {names}")
+        for pool in ("decode",):
+            if not any(s.pool == pool for s in self.servers):
+                raise ValueError(f"servers: at least one server with pool = {pool!r} is required")
+        if not any(s.pool != "decode" for s in self.servers):
+            raise ValueError("servers: at least one prefill server (pool prfaas or local_prefill) is required")
+
+    def on(self, machine: str | None) -> tuple[ServerEntry, ...]:
+        return tuple(s for s in self.servers if machine is None or s.machine == machine)
+
+    def router_on(self, machine: str | None) -> bool:
+        return bool(self.router) and (machine is None or self.router.get("machine") == machine)
+
+    def router_fields(self, tokenizer_path: str) -> dict:
+        """RouterConfig fields: the router section plus the server lists derived from `servers`."""
+        out = {k: v for k, v in self.router.items() if k != "machine"}
+        for pool in POOLS:
+            out[pool] = [
+                {"url": s.url, "name": s.name, **({"bootstrap_port": s.bootstrap_port} if s.bootstrap_port else {})}
+                for s in self.servers if s.pool == pool
+            ]
+        out.setdefault("tokenizer_path", tokenizer_path)
+        return out
+
+
+def load(path: str | Path) -> Deployment:
+    raw = tomllib.loads(Path(path).read_text())
+    return parse(raw)
+
+
+def parse(raw: dict) -> Deployment:
+    dep = dict(raw.get("deployment", {}))
+    if "model" not in dep:
+        raise ValueError("deployment.model is required (a model directory or 'tiny:<name>')")
+    servers = tuple(
+        ServerEntry(**{**s, "args": tuple(s.get("args", ()))}) for s in raw.get("servers", [])
+    )
+    return Deployment(
+        model=dep["model"], servers=servers, router=dict(raw.get("router", {})),
+        transfer_backend=dep.get("transfer_backend", "prfaas_zmq"), device=dep.get("device", "cuda"),
+        server_args=tuple(dep.get("server_args", ())),
+    )
