@@ -50,14 +50,42 @@ class Instance:
 
 @dataclass(slots=True)
 class LinkState:
+    """The router's view of the inter-DC link.
+
+    Each remote attempt registers its KV bytes with an estimated prefill start (now + the PrfaaS queue
+    wait): before that time its bytes are *queued*, after it *in flight* (SGLang streams KV while the
+    prefill runs), until decode's first bytes arrive and the attempt calls ``done``.
+    """
+
     capacity_bps: float
-    bytes_in_flight: float = 0.0  # router estimate: KV of remote prefills whose decode has not started
     goodput_bps: float = 0.0  # from the transport stats URL, 0 if unknown
     queue_delay_s: float = 0.0
     stats_ok: bool = False
+    transfers: dict[int, tuple[float, float]] = field(default_factory=dict)  # id -> (start s, KV bytes)
+    next_id: int = 0
 
-    def view(self) -> LinkView:
-        return LinkView(self.capacity_bps, self.goodput_bps, self.bytes_in_flight, self.queue_delay_s)
+    def add(self, nbytes: float, start_at: float) -> int:
+        """Register a remote attempt's KV; returns the id to pass to ``done``."""
+        self.next_id += 1
+        self.transfers[self.next_id] = (start_at, nbytes)
+        return self.next_id
+
+    def done(self, tid: int) -> None:
+        self.transfers.pop(tid, None)
+
+    def split(self, now: float) -> tuple[float, float]:
+        """(bytes in flight, bytes queued) at monotonic time ``now``."""
+        moving = queued = 0.0
+        for start, nbytes in self.transfers.values():
+            if start <= now:
+                moving += nbytes
+            else:
+                queued += nbytes
+        return moving, queued
+
+    def view(self, now: float) -> LinkView:
+        moving, queued = self.split(now)
+        return LinkView(self.capacity_bps, self.goodput_bps, moving, self.queue_delay_s, queued)
 
 
 @dataclass(slots=True)
@@ -77,7 +105,7 @@ class Cluster:
     def route_input(self, prompt_len: int, hashes: Sequence[int], now: float) -> RouteInput:
         b = self.cfg.block_size
         views = tuple(i.view(i.index.match(hashes) * b) for i in self.instances.values())
-        return RouteInput(prompt_len, views, self.link.view(), now)
+        return RouteInput(prompt_len, views, self.link.view(now), now)
 
     def pool(self, pool: Pool) -> list[Instance]:
         return [i for i in self.instances.values() if i.pool == pool]
@@ -106,10 +134,23 @@ def apply_loads(inst: Instance, payload: dict) -> None:
 
 
 def apply_link_stats(link: LinkState, payload: dict) -> None:
-    """Transport stats JSON: ``goodput_bps`` (bits/s) and ``queue_delay_s``; other keys ignored."""
-    link.goodput_bps = float(payload.get("goodput_bps", 0.0))
-    link.queue_delay_s = float(payload.get("queue_delay_s", 0.0))
+    """Transport stats JSON: ``goodput_bps`` (bits/s) and ``queue_delay_s``; other keys ignored.
+
+    Either may be a number or, as prfaas_sgl.transfer's snapshot writes them, a dict: goodput per window
+    (``{"1s": .., "10s": ..}``, the shortest window is used) and a queue-delay summary (its ``mean``).
+    """
+    link.goodput_bps = _stat(payload.get("goodput_bps", 0.0), "goodput")
+    link.queue_delay_s = _stat(payload.get("queue_delay_s", 0.0), "delay")
     link.stats_ok = True
+
+
+def _stat(value, kind: str) -> float:
+    if not isinstance(value, dict):
+        return float(value)
+    if kind == "delay":
+        return float(value.get("mean", 0.0))
+    windows = {float(k.rstrip("s")): v for k, v in value.items()}
+    return float(windows[min(windows)]) if windows else 0.0
 
 
 async def poll_loads(cluster: Cluster, session: aiohttp.ClientSession) -> None:
@@ -132,7 +173,7 @@ async def poll_loads(cluster: Cluster, session: aiohttp.ClientSession) -> None:
 
 async def check_health(cluster: Cluster, session: aiohttp.ClientSession) -> None:
     """One round of ``GET /health`` on every instance; flips ``healthy`` both ways and logs changes."""
-    timeout = min(cluster.cfg.health_interval_s, cluster.cfg.connect_timeout_s)
+    timeout = cluster.cfg.health_timeout_s
     insts = list(cluster.instances.values())
 
     async def probe(inst: Instance) -> bool:

@@ -72,12 +72,15 @@ class RouterConfig:
     remote_prefill_coef: tuple[float, ...] = _f((0.35, 5.4e-5, 1.5e-10), "remote prefill s = a + b*l + c*l^2")
     link_gbps: float = _f(100.0, "inter-datacenter link capacity PrfaaS -> decode (Gbit/s)")
     transport_stats_url: str = _f("", "optional JSON GET endpoint with goodput_bps / queue_delay_s")
-    high_watermark: float = _f(0.9, "link backlog fraction above which remote prefill is closed")
-    low_watermark: float = _f(0.6, "link backlog fraction below which it re-opens")
-    link_budget_s: float = _f(1.0, "link budget = bytes the link drains in this many seconds")
-    hold_s: float = _f(1.0, "minimum seconds the remote route stays closed after congestion")
+    high_watermark: float = _f(0.9, "link pressure (backlog or queue delay / budget) marking the link congested")
+    low_watermark: float = _f(0.6, "link pressure below which it is not congested again")
+    link_budget_s: float = _f(1.0, "link pressure 1.0 = this many seconds of transfer backlog or queue delay")
+    hold_s: float = _f(1.0, "minimum seconds the link counts as congested once it was")
+    slack: float = _f(0.5, "bandwidth_aware: the other pool must be this fraction sooner to take a request")
+    target_s: float = _f(6.0, "bandwidth_aware: ... and have its KV ready within this many seconds")
     loads_interval_s: float = _f(0.5, "seconds between GET /v1/loads polls")
     health_interval_s: float = _f(2.0, "seconds between GET /health probes")
+    health_timeout_s: float = _f(10.0, "a /health probe slower than this fails (SGLang answers in 1-2 s under load)")
     connect_timeout_s: float = _f(3.0, "TCP connect timeout to servers (s)")
     prefill_timeout_s: float = _f(300.0, "max seconds for a prefill server to answer")
     request_timeout_s: float = _f(600.0, "max seconds for a whole request")
@@ -116,12 +119,13 @@ class RouterConfig:
             raise ValueError("--controller must be none or planner")
         if self.controller == "planner" and not Path(self.controller_scenario).is_file():
             raise ValueError("--controller planner needs --controller-scenario PATH (a planner scenario TOML)")
-        for name in ("threshold", "overload_tokens"):
+        for name in ("threshold", "overload_tokens", "slack", "hold_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
         for name in ("block_size", "context_length", "prefix_capacity_tokens", "kv_bytes_per_token",
                      "link_gbps", "loads_interval_s", "health_interval_s", "connect_timeout_s",
-                     "prefill_timeout_s", "request_timeout_s", "controller_interval_s", "link_budget_s"):
+                     "prefill_timeout_s", "request_timeout_s", "controller_interval_s", "link_budget_s",
+                     "target_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0")
         if not 0 < self.low_watermark <= self.high_watermark:

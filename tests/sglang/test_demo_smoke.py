@@ -1,0 +1,38 @@
+"""A reduced `make demo`: real servers, the router, the load generator, all three policies.
+
+Uses SGLang's mooncake_tcp unless PRFAAS_DEMO_BACKEND says otherwise, so the smoke test pins the demo
+plumbing rather than one transport. With root the remote prefill sits behind an emulated link.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.sglang
+
+
+def test_reduced_demo_every_request_succeeds_and_both_routes_are_used(tmp_path):
+    backend = os.environ.get("PRFAAS_DEMO_BACKEND", "prfaas_zmq")
+    out = subprocess.run(
+        [sys.executable, "-m", "prfaas_sgl.demo", "--sessions", "8", "--rate", "1.0", "--backend", backend,
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=1200,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert len(summary) == 3
+    for label, s in summary.items():
+        assert s["requests"] == 8 and s["errors"] == 0, (label, s)
+    prfaas = next(s for label, s in summary.items() if label.startswith("PrfaaS"))
+    assert prfaas["routes"].get("prfaas", 0) > 0 and prfaas["routes"].get("local", 0) > 0, prfaas["routes"]
+    homogeneous = next(s for label, s in summary.items() if label.startswith("homogeneous"))
+    assert set(homogeneous["routes"]) == {"local"}
+    naive = next(s for label, s in summary.items() if label.startswith("naive"))
+    assert set(naive["routes"]) == {"prfaas"}
+    assert "| metric |" in out.stdout  # the side-by-side table was printed
+    assert not subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.strip() \
+        .count("prfaas-demo"), "the demo left its network namespace behind"
