@@ -26,6 +26,7 @@ class Instance:
     pool: Pool
     index: ApproxIndex | ExactIndex
     healthy: bool = True
+    failed_probes: int = 0  # consecutive /health failures
     server_queued_tokens: int = 0  # /v1/loads: waiting uncached tokens (prefill) or used tokens (decode)
     server_reqs: int = 0  # /v1/loads: running + waiting requests
     inflight: int = 0  # requests this router has open there
@@ -184,9 +185,13 @@ async def check_health(cluster: Cluster, session: aiohttp.ClientSession) -> None
             return False
 
     for inst, ok in zip(insts, await asyncio.gather(*(probe(i) for i in insts))):
-        if ok != inst.healthy:
-            log.warning("instance %s (%s) is now %s", inst.name, inst.spec.url, "healthy" if ok else "UNHEALTHY")
-        inst.healthy = ok
+        # A CPU/GPU-saturated SGLang server can miss one probe while it computes a long prefill; only a
+        # run of failures takes it out of rotation. A request that fails takes it out at once (mark_unhealthy).
+        inst.failed_probes = 0 if ok else inst.failed_probes + 1
+        healthy = ok or (inst.healthy and inst.failed_probes < cluster.cfg.unhealthy_after)
+        if healthy != inst.healthy:
+            log.warning("instance %s (%s) is now %s", inst.name, inst.spec.url, "healthy" if healthy else "UNHEALTHY")
+        inst.healthy = healthy
 
 
 async def health_loop(cluster: Cluster, session: aiohttp.ClientSession) -> None:

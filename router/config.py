@@ -81,6 +81,7 @@ class RouterConfig:
     loads_interval_s: float = _f(0.5, "seconds between GET /v1/loads polls")
     health_interval_s: float = _f(2.0, "seconds between GET /health probes")
     health_timeout_s: float = _f(10.0, "a /health probe slower than this fails (SGLang answers in 1-2 s under load)")
+    unhealthy_after: int = _f(3, "consecutive failed /health probes before an instance leaves rotation")
     connect_timeout_s: float = _f(3.0, "TCP connect timeout to servers (s)")
     prefill_timeout_s: float = _f(300.0, "max seconds for a prefill server to answer")
     request_timeout_s: float = _f(600.0, "max seconds for a whole request")
