@@ -9,6 +9,7 @@ first bytes, so an attempt that fails before that can be retried (once, locally)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -24,10 +25,20 @@ from .requests import ParsedRequest
 log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+ROUTE_HEADER = "x-prfaas-route"  # "prfaas" | "local": where the prefill ran (read by prfaas_sgl.loadgen)
 
 
 class AttemptFailed(Exception):
     """The attempt failed before any byte reached the client; safe to retry."""
+
+
+@dataclass(frozen=True, slots=True)
+class LinkShare:
+    """KV bytes an attempt puts on the inter-DC link, and when its prefill (and so the stream) should start
+    (monotonic seconds)."""
+
+    nbytes: float = 0.0
+    start_at: float = 0.0
 
 
 @dataclass(slots=True)
@@ -111,13 +122,16 @@ class Forwarder:
         self.background.add(task)
         task.add_done_callback(done)
 
-    async def attempt(self, req: ParsedRequest, d: Decision, link_bytes: float,
+    async def attempt(self, req: ParsedRequest, d: Decision, kv: LinkShare,
                       request: web.Request) -> web.StreamResponse:
-        """Run one PD attempt and answer the client. Raises AttemptFailed before any byte is sent."""
+        """Run one PD attempt and answer the client. Raises AttemptFailed before any byte is sent.
+
+        ``kv``: this attempt's KV on the inter-DC link (zero bytes for a local prefill).
+        """
         pre_i, dec_i = self.cluster.instances[d.prefill], self.cluster.instances[d.decode]
         data = pd_body(req.body, pre_i, self.rng)
         link = self.cluster.link
-        link.bytes_in_flight += link_bytes
+        tid = link.add(kv.nbytes, kv.start_at) if kv.nbytes > 0 else 0
         pre_i.inflight += 1
         pre_i.inflight_tokens += d.incremental_len
         dec_i.inflight += 1
@@ -128,9 +142,9 @@ class Forwarder:
             try:
                 head = await self._wait_decode(d, pre, dec)
             finally:
-                link.bytes_in_flight -= link_bytes  # decode has its KV (or the attempt is over)
+                link.done(tid)  # decode has its KV (or the attempt is over)
             self._reap(pre, d)
-            return await self._relay(head, req, request)
+            return await self._relay(head, req, request, {ROUTE_HEADER: d.route})
         except BaseException:
             for t in (pre, dec):
                 t.cancel()
@@ -140,27 +154,30 @@ class Forwarder:
         finally:
             dec_i.inflight -= 1
 
-    async def _relay(self, head: DecodeHead, req: ParsedRequest, request: web.Request) -> web.StreamResponse:
+    async def _relay(self, head: DecodeHead, req: ParsedRequest, request: web.Request,
+                     extra: dict[str, str]) -> web.StreamResponse:
         resp = head.resp
         if not req.stream or resp.status != 200:
             resp.release()
             ctype = resp.headers.get("Content-Type", "application/json")
-            return web.Response(body=head.first, status=resp.status, headers={"Content-Type": ctype})
-        out = web.StreamResponse(status=200, headers=SSE_HEADERS)
+            return web.Response(body=head.first, status=resp.status, headers={"Content-Type": ctype, **extra})
+        out = web.StreamResponse(status=200, headers={**SSE_HEADERS, **extra})
         try:
             await out.prepare(request)
             await out.write(head.first)
             async for chunk in resp.content.iter_any():
                 await out.write(chunk)
+        except ConnectionResetError:  # before ClientError: aiohttp's ClientConnectionResetError is both
+            return out  # the client left; releasing decode's stream makes SGLang abort the request
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             # Bytes already went out: the only honest answer left is an error event in the stream.
             err = {"error": {"message": f"decode stream broke: {e}", "type": "server_error", "code": "upstream"}}
-            await out.write(b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n")
-        except ConnectionResetError:
-            return out  # the client left; releasing decode's stream makes SGLang abort the request
+            with contextlib.suppress(ConnectionResetError):
+                await out.write(b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n")
         finally:
             resp.release()
-        await out.write_eof()
+        with contextlib.suppress(ConnectionResetError):  # the client may close right after [DONE]
+            await out.write_eof()
         return out
 
     async def close(self) -> None:
