@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from prfaas_sgl.launch import free_port
+
+from .conftest import HYBRID, LLAMA, farm_for, spec
 from .pd import generate_body, pd_generate, post
 from .prompts import prompt_ids
 from .reference import hf_greedy
@@ -10,6 +13,21 @@ from .reference import hf_greedy
 pytestmark = pytest.mark.sglang
 NEW = 16
 LENGTHS = (12, 300, 1600)  # one prompt >= 1,500 tokens (several chunked-prefill chunks in PD)
+CHUNK = 512  # chunked prefill smaller than the long prompts, so PD sends several chunks
+
+
+def _specs(log_dir):
+    boot = free_port()
+    return {
+        "llama": spec(log_dir, "llama", LLAMA),
+        "hybrid": spec(log_dir, "hybrid", HYBRID),
+        "hybrid_mc_prefill": spec(log_dir, "hybrid_mc_prefill", HYBRID, mode="prefill",
+                                  transfer_backend="mooncake", bootstrap_port=boot, chunked_prefill_size=CHUNK),
+        "hybrid_mc_decode": spec(log_dir, "hybrid_mc_decode", HYBRID, mode="decode", transfer_backend="mooncake"),
+    }
+
+
+farm = farm_for(_specs)
 
 
 @pytest.mark.parametrize("model", ["llama", "hybrid"])
