@@ -1,0 +1,57 @@
+"""Per-request sender/receiver and the bootstrap server of `prfaas_zmq` (SGLang's common ones, plus
+the data-plane hand-offs of the decode receiver)."""
+from __future__ import annotations
+
+from sglang.srt.disaggregation.base.conn import KVPoll, KVTransferDestination
+from sglang.srt.disaggregation.common.conn import CommonKVBootstrapServer, CommonKVReceiver, CommonKVSender
+
+from prfaas_sgl.backend.manager import PrfaasKVManager
+
+
+class PrfaasKVSender(CommonKVSender):
+    """No `supports_host_tensor_indices`: page ids are plain numpy arrays (the CUDA pinned-copy path of
+    SGLang's prefill needs a GPU); all the work is in `PrefillManager.add_transfer_request`."""
+
+
+class PrfaasKVReceiver(CommonKVReceiver):
+    def init(self, prefill_dp_rank: int):
+        reason = self.kv_mgr.peer_rejections.get(self.bootstrap_addr)
+        if reason is not None:
+            self._fail(reason)
+            return
+        super().init(prefill_dp_rank)
+
+    def send_metadata(self, kv_indices, aux_index=None, state_indices=None, decode_prefix_len=None,
+                      destination=KVTransferDestination.DEVICE, device_kv_indices=None):
+        if getattr(self, "bootstrap_infos", None) is not None and self.conclude_state != KVPoll.Failed:
+            problem = self.kv_mgr.expect(self.bootstrap_room, kv_indices, aux_index, state_indices)
+            if problem is not None:
+                self._fail(problem)
+                self.ensure_abort_notified()
+                return
+        super().send_metadata(kv_indices, aux_index, state_indices, decode_prefix_len, destination,
+                              device_kv_indices)
+
+    def abort(self):
+        reason = self.kv_mgr.peer_rejections.get(self.bootstrap_addr)
+        if reason is not None and self.conclude_state != KVPoll.Failed:
+            self._fail(reason)  # SGLang aborts receivers of a prefill it could not use; say why
+        super().abort()
+        self.kv_mgr.forget(self.bootstrap_room)
+
+    def clear(self) -> None:
+        super().clear()
+        self.kv_mgr.forget(self.bootstrap_room)
+
+    def _fail(self, reason: str) -> None:
+        self.kv_mgr.record_first_failure(self.bootstrap_room, reason)
+        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
+        self.conclude_state = KVPoll.Failed
+
+
+class PrfaasKVBootstrapServer(CommonKVBootstrapServer):
+    pass
+
+
+CLASSES = {"manager": PrfaasKVManager, "sender": PrfaasKVSender, "receiver": PrfaasKVReceiver,
+           "bootstrap_server": PrfaasKVBootstrapServer}

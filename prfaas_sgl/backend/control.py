@@ -1,0 +1,68 @@
+"""Typed decode → prefill control messages of `prfaas_zmq`, carried on SGLang's control sockets.
+
+A message is two frames: `[TAG, msgpack(struct)]`; the struct is tagged by type, so nothing is read
+by position. SGLang's own frames on the same socket (ABORT) start with other tags.
+Field names `endpoint`, `dst_port`, `is_dummy` are the ones SGLang's common manager reads from a
+room's transfer infos (`_room_notify_targets`), so a `Metadata` can be stored there as is.
+"""
+from __future__ import annotations
+
+import msgspec
+
+from prfaas_sgl.transfer.layout import MemoryLayout
+
+TAG = b"PRFAAS_ZMQ"
+STATUS_TAG = b"PRFAAS_ZMQ_STATUS"  # prefill → decode status frames (SGLang's format, tagged)
+
+
+class Register(msgspec.Struct, tag=True, frozen=True, kw_only=True):
+    """A decode rank announces its data-plane address and memory layout (once per prefill server)."""
+
+    endpoint: str  # decode control address (its PULL socket)
+    dst_port: int
+    data_host: str  # decode ZmqReceiver address
+    data_port: int
+    server_key: str | None  # CURVE public key of the receiver (z85), None = plaintext
+    layout: MemoryLayout
+    page_size: int
+    attn_tp_size: int
+    tp_rank: int
+
+    @property
+    def session(self) -> str:
+        return f"{self.endpoint}:{self.dst_port}"
+
+
+class Metadata(msgspec.Struct, tag=True, frozen=True, kw_only=True):
+    """Where one request's KV goes on a decode rank. `pages`: the decode's page ids past its cached
+    prefix, in request order; `state_indices`: per state component, None where nothing is sent."""
+
+    room: int
+    endpoint: str
+    dst_port: int
+    pages: list[int]
+    aux_index: int | None
+    state_indices: list[list[int] | None]
+    decode_prefix_len: int
+    required_dst_info_num: int
+    is_dummy: bool
+
+    @property
+    def session(self) -> str:
+        return f"{self.endpoint}:{self.dst_port}"
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(Register | Metadata)
+
+
+def encode(msg: Register | Metadata) -> list[bytes]:
+    return [TAG, _ENCODER.encode(msg)]
+
+
+def decode(frames: list[bytes]) -> Register | Metadata | None:
+    """The message, or None when `frames` are not ours (another tag). Raises msgspec.DecodeError if a
+    frame tagged as ours does not decode (a peer of another version)."""
+    if len(frames) != 2 or frames[0] != TAG:
+        return None
+    return _DECODER.decode(frames[1])

@@ -1,0 +1,109 @@
+"""Decode side: one `ZmqReceiver` over the rank's KV pool writes incoming pages in place; a request's
+status turns Success only when the prefill reported Success *and* our receiver verified every byte."""
+from __future__ import annotations
+
+import logging
+
+from sglang.srt.disaggregation.base.conn import KVPoll
+
+from prfaas_sgl.backend import control
+from prfaas_sgl.backend.manager import PrfaasKVManager
+from prfaas_sgl.backend.memory import flat, flat_states, transfer_id
+from prfaas_sgl.backend.settings import faults_from_env, offset_port
+from prfaas_sgl.transfer.receiver import ZmqReceiver
+
+log = logging.getLogger(__name__)
+
+
+class DecodeManager(PrfaasKVManager):
+    def __init__(self, args, disaggregation_mode, server_args, is_mla_backend=False):
+        super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
+        port = offset_port(self.prfaas_config.zmq_data_port, args.engine_rank)
+        self.receiver = ZmqReceiver(self.memory.layout, self.memory.buffers, self.transfer_config,
+                                    host=self.local_ip, port=port, faults=faults_from_env())
+        self.expected: dict[int, int] = {}  # room → data-plane transfer id
+        self.peer_rejections: dict[str, str] = {}  # prefill bootstrap address → why it is incompatible
+        self._start(self._control_loop, "prfaas-zmq-control")
+        self._start_heartbeat_checker_thread()
+        log.info("prfaas_zmq decode receiver on %s", self.receiver.address.endpoint)
+
+    def try_ensure_parallel_info(self, bootstrap_addr: str) -> bool:
+        """SGLang raises on a page-size/dtype/layout mismatch, which would kill this scheduler; keep
+        the reason instead so the receivers of that prefill fail with it and the server stays up."""
+        try:
+            return super().try_ensure_parallel_info(bootstrap_addr)
+        except RuntimeError as e:
+            reason = f"prfaas_zmq: prefill {bootstrap_addr} is incompatible: {e}"
+            if self.peer_rejections.get(bootstrap_addr) != reason:  # SGLang retries once a second
+                log.error(reason)
+            self.peer_rejections[bootstrap_addr] = reason
+            return False
+
+    # -- control messages (built here, sent by CommonKVReceiver) --------------------------------------
+    def build_receiver_registration_message(self) -> list[bytes]:
+        addr = self.receiver.address
+        return control.encode(control.Register(
+            endpoint=self.local_ip, dst_port=self.rank_port, data_host=addr.host, data_port=addr.port,
+            server_key=addr.server_key, layout=self.memory.layout, page_size=self.kv_args.page_size,
+            attn_tp_size=self.attn_tp_size, tp_rank=self.kv_args.engine_rank,
+        ))
+
+    def build_receiver_metadata_message(self, *, bootstrap_room, required_dst_info_num, kv_indices, aux_index,
+                                        state_indices, decode_prefix_len, is_dummy,
+                                        device_kv_indices=None) -> list[bytes]:
+        return control.encode(control.Metadata(
+            room=int(bootstrap_room), endpoint=self.local_ip, dst_port=self.rank_port,
+            pages=[] if is_dummy else flat(kv_indices),
+            aux_index=None if is_dummy or aux_index is None else int(aux_index),
+            state_indices=[] if is_dummy else flat_states(state_indices),
+            decode_prefix_len=int(decode_prefix_len or 0), required_dst_info_num=int(required_dst_info_num),
+            is_dummy=bool(is_dummy),
+        ))
+
+    # -- data plane -----------------------------------------------------------------------------------
+    def expect(self, room: int, kv_indices, aux_index, state_indices) -> str | None:
+        """Register the request's destination regions before telling prefill where to send.
+        Returns a failure reason, or None."""
+        regions = self.memory.page_regions(flat(kv_indices)) + self.memory.tail_regions(state_indices, aux_index)
+        tid = transfer_id(room, self.local_ip, self.rank_port)
+        # The deadline covers the prefill's queueing and compute too, hence SGLang's waiting timeout;
+        # a dead prefill is caught sooner by the heartbeat.
+        timeout_s = self.waiting_timeout + self.transfer_config.timeout_s
+        try:
+            self.receiver.expect(tid, regions, timeout_s=timeout_s)
+        except ValueError as e:
+            return f"prfaas_zmq: cannot receive room {room}: {e}"
+        self.expected[room] = tid
+        return None
+
+    def check_status(self, bootstrap_room: int) -> int:
+        status = self.request_status[bootstrap_room]
+        tid = self.expected.get(bootstrap_room)
+        if tid is None or status == KVPoll.Failed:
+            return status
+        data = self.receiver.poll(tid)
+        if data.state.terminal and not data.ok:
+            self.record_first_failure(bootstrap_room, f"prfaas_zmq transfer failed on decode: {data.reason}")
+            self.update_status(bootstrap_room, KVPoll.Failed)
+            return KVPoll.Failed
+        if status == KVPoll.Success and not data.ok:
+            return KVPoll.Transferring  # the prefill's word alone is not enough: wait for our verification
+        return status
+
+    def forget(self, room: int) -> None:
+        """Stop receiving for `room`: its pages may be reused from now on."""
+        tid = self.expected.pop(room, None)
+        if tid is not None:
+            self.receiver.release(tid)
+
+    def _control_loop(self) -> None:
+        recv = self._make_worker_recv(self.server_socket)
+        while not self._stopped:
+            frames = recv()
+            if frames is None or self.handle_abort_ack_message(frames):
+                continue
+            parsed = self.parse_kv_status_message(frames)
+            if parsed is not None:
+                room, status, rank, reason = parsed
+                self.apply_prefill_status(bootstrap_room=room, status=status, prefill_rank=rank,
+                                          failure_reason=reason)
