@@ -24,7 +24,7 @@ from aiohttp import web
 from .cluster import Cluster, check_health, health_loop, poll_loads
 from .config import RouterConfig
 from .controller_glue import build_controller
-from .forward import AttemptFailed, Forwarder
+from .forward import AttemptFailed, Forwarder, LinkShare
 from .kv_events import KVEventSubscriber
 from .metrics import RouterMetrics
 from .policy import Decision, NoInstanceError
@@ -103,11 +103,15 @@ class Router:
             return await asyncio.get_running_loop().run_in_executor(None, parse_request, *args)
         return parse_request(*args)
 
-    def _link_bytes(self, d: Decision, prompt_len: int, hashes: list[int]) -> float:
+    def _link_share(self, d: Decision, prompt_len: int, hashes: list[int]) -> LinkShare:
+        """KV crossing the link (only what decode does not hold) and when it starts: after the PrfaaS queue."""
         if d.route != "prfaas":
-            return 0.0
+            return LinkShare()
         dec_cached = self.cluster.instances[d.decode].index.match(hashes) * self.cfg.block_size
-        return self.core.cost.kv_bytes(prompt_len - dec_cached)
+        pre = self.cluster.instances[d.prefill].view(0)  # this attempt is not counted there yet
+        a, b, _ = self.core.cost.remote_coef
+        wait_s = a * pre.inflight + b * pre.queued_tokens
+        return LinkShare(self.core.cost.kv_bytes(prompt_len - dec_cached), time.monotonic() + wait_s)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         t0 = time.perf_counter()
@@ -128,14 +132,14 @@ class Router:
     async def _serve(self, request: web.Request, req: ParsedRequest, hashes: list[int],
                      d: Decision) -> web.StreamResponse:
         try:
-            return await self.forwarder.attempt(req, d, self._link_bytes(d, len(req.tokens), hashes), request)
+            return await self.forwarder.attempt(req, d, self._link_share(d, len(req.tokens), hashes), request)
         except AttemptFailed as e:
             log.warning("attempt via %s/%s failed (%s); retrying locally once", d.prefill, d.decode, e)
             self.metrics.retries.labels(d.reason).inc()
             first_error = str(e)
         try:
             d2 = self.core.retry_route(len(req.tokens), hashes, frozenset({d.prefill}), time.monotonic())
-            return await self.forwarder.attempt(req, d2, 0.0, request)
+            return await self.forwarder.attempt(req, d2, LinkShare(), request)
         except (AttemptFailed, NoInstanceError) as e:
             raise ApiError(502, f"prefill/decode failed: {first_error}; local retry: {e}", "server_error",
                            "upstream_failed") from e

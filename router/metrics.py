@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -24,8 +25,11 @@ class RouterMetrics:
         self.inflight = Gauge(P + "pool_inflight", "requests in flight from this router per pool", ["pool"],
                               registry=r)
         self.healthy = Gauge(P + "pool_healthy_instances", "healthy instances per pool", ["pool"], registry=r)
-        self.link_bytes = Gauge(P + "link_bytes_in_flight", "expected KV bytes in flight on the link", registry=r)
-        self.link_util = Gauge(P + "link_utilization", "bytes in flight / link budget", registry=r)
+        self.link_bytes = Gauge(P + "link_bytes_in_flight", "estimated KV bytes being transferred", registry=r)
+        self.link_queued = Gauge(P + "link_bytes_queued", "KV bytes of remote requests not yet in prefill",
+                                 registry=r)
+        self.link_util = Gauge(P + "link_utilization", "link pressure: max(backlog drain time, queue delay) / budget",
+                               registry=r)
         self.link_goodput = Gauge(P + "link_goodput_bps", "measured transport goodput (bits/s)", registry=r)
         self.link_delay = Gauge(P + "link_queue_delay_seconds", "measured transport queue delay", registry=r)
         self.threshold = Gauge(P + "threshold_tokens", "current incremental-length threshold t", registry=r)
@@ -53,9 +57,10 @@ class RouterMetrics:
             self.inflight.labels(pool).set(sum(i.inflight for i in insts))
             self.healthy.labels(pool).set(sum(i.healthy for i in insts))
         link = cluster.link
-        self.link_bytes.set(link.bytes_in_flight)
-        budget = link.view().drain_bps() / 8 * budget_s
-        self.link_util.set(link.bytes_in_flight / budget if budget > 0 else 0.0)
+        view = link.view(time.monotonic())
+        self.link_bytes.set(view.bytes_in_flight)
+        self.link_queued.set(view.bytes_queued)
+        self.link_util.set(max(view.transfer_s(view.bytes_in_flight), view.queue_delay_s) / budget_s)
         self.link_goodput.set(link.goodput_bps)
         self.link_delay.set(link.queue_delay_s)
         self.threshold.set(threshold)

@@ -36,18 +36,28 @@ class InstanceView:
 
 @dataclass(frozen=True, slots=True)
 class LinkView:
-    """The inter-datacenter link PrfaaS -> local decode."""
+    """The inter-datacenter link PrfaaS -> local decode.
+
+    KV of a remote request is *queued* from routing until its prefill starts, then *in flight* (KV streams
+    layer by layer while the prefill runs) until decode has it. Only in-flight bytes load the link.
+    """
 
     capacity_bps: float  # configured bits/s
     goodput_bps: float = 0.0  # measured recent goodput, 0 if unknown
-    bytes_in_flight: float = 0.0  # expected KV bytes not yet delivered
+    bytes_in_flight: float = 0.0  # KV bytes being transferred now, not yet delivered
     queue_delay_s: float = 0.0  # measured transport queue delay
+    bytes_queued: float = 0.0  # KV bytes of remote requests routed but still waiting for their prefill
 
     def drain_bps(self) -> float:
         """Rate at which the backlog drains: measured goodput when known (busy link), else capacity."""
         if self.goodput_bps > 0:
             return min(self.capacity_bps, self.goodput_bps)
         return self.capacity_bps
+
+    def transfer_s(self, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` at the drain rate (inf on a dead link)."""
+        rate = self.drain_bps()
+        return nbytes * 8 / rate if rate > 0 else float("inf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +121,12 @@ class PolicyParams:
     threshold: int = 8192  # tokens of incremental length above which a prefill goes remote
     cache_rule: CacheRule = "scarce"
     overload_tokens: int = 32768  # a cache-affine instance with more queued tokens is skipped
-    high_watermark: float = 0.9  # link backlog / budget above which remote is closed
-    low_watermark: float = 0.6  # ... and below which it re-opens (hysteresis)
-    budget_s: float = 1.0  # link budget = bytes the link drains in this many seconds
-    hold_s: float = 1.0  # once closed, remote stays closed at least this long
+    high_watermark: float = 0.9  # link pressure (see BandwidthAwarePolicy) above which the link is congested
+    low_watermark: float = 0.6  # ... and below which it is not again (hysteresis)
+    budget_s: float = 1.0  # link pressure 1.0 = this many seconds of transfer backlog or queue delay
+    hold_s: float = 1.0  # once congested, the link counts as congested at least this long
+    slack: float = 0.5  # bandwidth-aware: the other pool must be this fraction sooner to take a request
+    target_s: float = 6.0  # ... and have it ready within this many seconds (keep below the TTFT SLO)
 
     def __post_init__(self) -> None:
         if self.threshold < 0:
@@ -123,8 +135,10 @@ class PolicyParams:
             raise ValueError("cache_rule must be 'scarce' or 'abundant'")
         if not 0 < self.low_watermark <= self.high_watermark:
             raise ValueError("need 0 < low_watermark <= high_watermark")
-        if self.budget_s <= 0 or self.hold_s < 0 or self.overload_tokens < 0:
-            raise ValueError("budget_s must be > 0, hold_s and overload_tokens >= 0")
+        if self.budget_s <= 0 or self.target_s <= 0:
+            raise ValueError("budget_s and target_s must be > 0 seconds")
+        if self.hold_s < 0 or self.overload_tokens < 0 or self.slack < 0:
+            raise ValueError("hold_s, overload_tokens and slack must be >= 0")
 
 
 class RoutingPolicy(Protocol):
@@ -239,65 +253,85 @@ class ThresholdPolicy:
 
 
 class BandwidthAwarePolicy(ThresholdPolicy):
-    """Threshold t plus link watermarks (with hysteresis) and a remote-vs-local finish-time check.
+    """Threshold t, plus moves between the pools when the other one has this request ready clearly sooner.
 
-    Link utilisation u = (KV bytes in flight + this request's bytes) / (drain rate * budget_s). The remote
-    route closes when u > high_watermark and re-opens only when the backlog alone is < low_watermark and
-    ``hold_s`` has passed since it closed, so the decision does not flap on every request. While open, a
-    long request still stays local when its estimated remote finish (transport queue delay + link backlog
-    + PrfaaS queue + remote prefill) is later than its local finish (local queue + local prefill).
+    Estimated seconds from now until decode can start, on the instance each pool would pick::
+
+        local  = wait(l) + prefill_local(L - cached_l)
+        remote = max(wait(r) + prefill_remote(L - cached_r), link_s) + queue_delay
+        wait(i) = a * i.inflight + b * i.queued_tokens      (a, b of that pool's prefill fit)
+        link_s  = (max(0, in_flight + queued - drain * wait(r)) + own KV bytes) * 8 / drain
+
+    KV streams while the prefill runs (layer-wise), so compute and transfer overlap and the later one ends.
+    Bytes queued behind PrfaaS prefills count only for the part the link cannot clear while this request
+    waits: remote queueing is compute load, already in wait(r). (The first version latched on in-flight +
+    queued bytes against a 1-2 s budget, so a PrfaaS queue alone closed the route with the link half idle
+    and flooded the busier local pool.)
+
+    A request moves off its threshold route only if the other pool is sooner by the factor 1 + ``slack``
+    and has it ready within ``target_s``. The target keeps one overloaded pool from dragging the other
+    down: when both are late, equalising their queues makes every request miss its TTFT SLO.
+
+    Link pressure p = max(transfer_s(in_flight), queue_delay) / budget_s sees only bytes on the wire, with
+    hysteresis: p > ``high_watermark`` marks the link congested until p < ``low_watermark`` and ``hold_s``
+    passed. While congested, short requests never move to PrfaaS and a long one moves local on any margin.
     """
 
     def __init__(self, params: PolicyParams = PolicyParams(), cost: ModelCost | None = None) -> None:
         super().__init__(params, cost)
         self.cost = cost or ModelCost(kv_bytes_per_token=1.0)
-        self.high_watermark = params.high_watermark
-        self.low_watermark = params.low_watermark
         self.congested = False
         self.congested_since = 0.0
 
-    def link_util(self, link: LinkView, extra_bytes: float) -> float:
-        budget_bytes = link.drain_bps() / 8 * self.params.budget_s
-        return (link.bytes_in_flight + extra_bytes) / budget_bytes if budget_bytes > 0 else float("inf")
+    def pressure(self, link: LinkView) -> float:
+        """Link pressure in units of ``budget_s``: drain time of bytes on the wire, or measured queue delay."""
+        return max(link.transfer_s(link.bytes_in_flight), link.queue_delay_s) / self.params.budget_s
 
-    def update_latch(self, link: LinkView, req_bytes: float, now: float) -> bool:
-        """Advance the hysteresis latch; returns True while the remote route is closed."""
+    def update_latch(self, link: LinkView, now: float) -> bool:
+        """Advance the hysteresis latch; returns True while the link is congested."""
+        p = self.pressure(link)
         if self.congested:
-            reopen = self.link_util(link, 0.0) < self.low_watermark
-            if reopen and now - self.congested_since >= self.params.hold_s:
+            if p < self.params.low_watermark and now - self.congested_since >= self.params.hold_s:
                 self.congested = False
-        elif self.link_util(link, req_bytes) > self.high_watermark:
+        elif p > self.params.high_watermark:
             self.congested, self.congested_since = True, now
         return self.congested
 
-    def remote_is_slower(self, inp: RouteInput, remote: Decision, req_bytes: float) -> bool:
-        local_cands = healthy(inp, "local_prefill")
-        if not local_cands:
-            return False
-        local, _ = pick_prefill(local_cands, inp.prompt_len, self.params.overload_tokens)
-        prf = next(i for i in inp.instances if i.name == remote.prefill)
-        lc, rc, link = self.cost.local_coef, self.cost.remote_coef, inp.link
-        # Queues drain at the marginal (linear) rate: many short requests, not one long one.
-        local_s = lc[1] * local.queued_tokens + self.cost.prefill_s_local(inp.prompt_len - local.cached_prefix)
-        backlog_s = (link.bytes_in_flight + req_bytes) * 8 / link.drain_bps() if link.drain_bps() > 0 else 0.0
-        remote_s = (link.queue_delay_s + backlog_s + rc[1] * prf.queued_tokens
-                    + self.cost.prefill_s_remote(remote.incremental_len))
-        return remote_s > local_s
+    def ready_s(self, inp: RouteInput, local: InstanceView, remote: InstanceView,
+                req_bytes: float) -> tuple[float, float]:
+        """(local, remote) estimated seconds until this request's KV is ready for decode."""
+        c, link = self.cost, inp.link
+        lc, rc = c.local_coef, c.remote_coef
+        wait_l = lc[0] * local.inflight + lc[1] * local.queued_tokens
+        wait_r = rc[0] * remote.inflight + rc[1] * remote.queued_tokens
+        ahead = max(0.0, link.bytes_in_flight + link.bytes_queued - link.drain_bps() / 8 * wait_r)
+        local_s = wait_l + c.prefill_s_local(inp.prompt_len - local.cached_prefix)
+        remote_s = max(wait_r + c.prefill_s_remote(inp.prompt_len - remote.cached_prefix),
+                       link.transfer_s(ahead + req_bytes)) + link.queue_delay_s
+        return local_s, remote_s
+
+    def moves(self, stay_s: float, move_s: float, margin: float) -> bool:
+        return move_s * margin < stay_s and move_s <= self.params.target_s
 
     def decide(self, inp: RouteInput) -> Decision:
         ovl = self.params.overload_tokens
-        if not self.wants_remote(inp):
-            return decide_on(inp, "local", "short", ovl)
-        remote = decide_on(inp, "prfaas", "long", ovl)
-        if remote.route != "prfaas":
-            return remote
-        dec = next(i for i in inp.instances if i.name == remote.decode)
+        long = self.wants_remote(inp)
+        first = decide_on(inp, "prfaas" if long else "local", "long" if long else "short", ovl)
+        r_cands, l_cands = healthy(inp, "prfaas"), healthy(inp, "local_prefill")
+        if not r_cands or not l_cands:
+            return first
+        remote, _ = pick_prefill(r_cands, inp.prompt_len, ovl)
+        local, _ = pick_prefill(l_cands, inp.prompt_len, ovl)
+        dec = next(i for i in inp.instances if i.name == first.decode)
         req_bytes = self.cost.kv_bytes(inp.prompt_len - dec.cached_prefix)
-        if self.update_latch(inp.link, req_bytes, inp.now):
-            return decide_on(inp, "local", "link_congested", ovl)
-        if self.remote_is_slower(inp, remote, req_bytes):
-            return decide_on(inp, "local", "remote_slower", ovl)
-        return remote
+        local_s, remote_s = self.ready_s(inp, local, remote, req_bytes)
+        congested = self.update_latch(inp.link, inp.now)
+        margin = 1.0 + self.params.slack
+        if long and self.moves(remote_s, local_s, 1.0 if congested else margin):
+            return decide_on(inp, "local", "link_congested" if congested else "remote_slower", ovl)
+        if not long and not congested and self.moves(local_s, remote_s, margin):
+            return decide_on(inp, "prfaas", "local_slower", ovl)
+        return first
 
 
 POLICIES = MappingProxyType({

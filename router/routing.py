@@ -28,14 +28,15 @@ class Controller(Protocol):
 def policy_params(cfg: RouterConfig) -> PolicyParams:
     return PolicyParams(threshold=cfg.threshold, cache_rule=cfg.cache_rule, overload_tokens=cfg.overload_tokens,
                         high_watermark=cfg.high_watermark, low_watermark=cfg.low_watermark,
-                        budget_s=cfg.link_budget_s, hold_s=cfg.hold_s)
+                        budget_s=cfg.link_budget_s, hold_s=cfg.hold_s, slack=cfg.slack, target_s=cfg.target_s)
 
 
 def model_cost(cfg: RouterConfig) -> ModelCost:
     return ModelCost(cfg.kv_bytes_per_token, cfg.state_bytes, cfg.local_prefill_coef, cfg.remote_prefill_coef)
 
 
-ADMIN_KEYS = ("policy", "threshold", "high_watermark", "low_watermark", "cache_rule", "overload_tokens", "hold_s")
+ADMIN_KEYS = ("policy", "threshold", "high_watermark", "low_watermark", "cache_rule", "overload_tokens", "hold_s",
+              "slack", "target_s")
 
 
 class RoutingCore:

@@ -40,6 +40,9 @@ class PromptTokenizer:
         cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
         self.bos, self.eos = _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token"))
         template = cfg.get("chat_template")
+        jinja_path = root / "chat_template.jinja"  # where transformers >= 4.43 saves it
+        if template is None and jinja_path.is_file():
+            template = jinja_path.read_text()
         if isinstance(template, list):  # [{name, template}, ...]: HF picks "default"
             named = {t["name"]: t["template"] for t in template}
             template = named.get("default", next(iter(named.values()), None))

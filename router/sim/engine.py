@@ -66,7 +66,8 @@ class Simulator:
         self.decode = {f"pd-d-{i}": DecodeServer(f"pd-d-{i}", sys.local.decode_max_batch, sys.local.decode_step_s,
                                                  BlockLRU(cap)) for i in range(n_d)}
         params = PolicyParams(threshold=int(threshold), cache_rule=cfg.cache_rule, high_watermark=cfg.high_watermark,
-                              low_watermark=cfg.low_watermark, budget_s=cfg.budget_s, hold_s=cfg.hold_s)
+                              low_watermark=cfg.low_watermark, budget_s=cfg.budget_s, hold_s=cfg.hold_s,
+                              slack=cfg.slack, target_s=cfg.target_s)
         self.policy = make_policy(cfg.policy, params, model_cost(sys))
         self.link = PSLink(sys.link_Bps * self._bw_at(0.0))
         self.committed = 0.0  # KV bytes routed remote whose transfer has not started
@@ -121,7 +122,7 @@ class Simulator:
         views += [InstanceView(d.name, "decode", True, 0, d.inflight(), self._cached(d.cache, req))
                   for d in self.decode.values()]
         rate_bps = self.link.rate * 8
-        link = LinkView(self.sys.link_Bps * 8, rate_bps, self.link.in_flight(now) + self.committed, 0.0)
+        link = LinkView(self.sys.link_Bps * 8, rate_bps, self.link.in_flight(now), 0.0, self.committed)
         return RouteInput(req.input_len, tuple(views), link, now)
 
     def on_arrive(self, now: float, req: SimRequest, _v: int) -> None:

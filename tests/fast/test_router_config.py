@@ -91,3 +91,21 @@ def test_launch_router_process_serves_and_stops(tmp_path):
             await pre.close()
             await dec.close()
     asyncio.run(body())
+
+
+def test_chat_template_read_from_chat_template_jinja(tmp_path):
+    # Regression: transformers >= 4.43 saves the template as chat_template.jinja, not in tokenizer_config.json
+    # (the tiny models of prfaas_sgl.models.tiny do); the router answered chat requests with "no chat_template".
+    from prfaas_sgl.router.standin import TINY_TEMPLATE
+    from prfaas_sgl.router.tokenize import PromptTokenizer
+
+    root = tmp_path / "tok"
+    build_tiny_tokenizer(str(root))
+    cfg_path = root / "tokenizer_config.json"
+    msgs = [{"role": "user", "content": "hello"}]
+    inline = PromptTokenizer(str(root)).render_chat(msgs)
+    cfg = json.loads(cfg_path.read_text())
+    del cfg["chat_template"]
+    cfg_path.write_text(json.dumps(cfg))
+    (root / "chat_template.jinja").write_text(TINY_TEMPLATE)
+    assert PromptTokenizer(str(root)).render_chat(msgs) == inline

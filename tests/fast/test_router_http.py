@@ -251,3 +251,23 @@ def test_planner_controller_builds_from_scenario(tmp_path):
         ctl.observe(1000 + 300 * i, float(i))
     upd = ctl.maybe_update(1e6)
     assert upd is not None and upd.threshold > 0
+
+
+def test_route_header_on_every_answer_and_link_bytes_released(tmp_path):
+    async def body():
+        async with rig(tmp_path) as r:
+            async def route_of(prompt: str, stream: bool) -> str:
+                req = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "stream": stream}
+                async with r.http.post(r.router.url + "/v1/completions", json=req) as resp:
+                    assert resp.status == 200
+                    await resp.read()
+                    return resp.headers["x-prfaas-route"]
+
+            assert [await route_of(LONG, s) for s in (False, True)] == ["prfaas", "prfaas"]
+            assert [await route_of(SHORT, s) for s in (False, True)] == ["local", "local"]
+            assert r.router.router.cluster.link.transfers == {}  # every remote attempt released its KV bytes
+            r.remote.fail = "http500"  # the local retry answers: its header says so
+            assert await route_of(LONG, False) == "local"
+            async with r.http.post(r.router.url + "/v1/completions", data=b"{") as resp:
+                assert resp.status == 400 and "x-prfaas-route" not in resp.headers  # not routed at all
+    run(body())

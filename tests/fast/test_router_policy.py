@@ -77,23 +77,70 @@ def test_local_fallback_excludes_the_failed_instance_and_never_goes_remote():
         local_fallback(RouteInput(5, cluster(), LinkView(GBIT), 0.0), frozenset({"l0", "l1"}))
 
 
-def test_bandwidth_watermarks_with_hysteresis_and_hold():
-    # Budget = 1 Gbit/s * 1 s = 125 MB; a 20k-token prompt is 20 MB of KV.
-    p = BandwidthAwarePolicy(PolicyParams(threshold=1000, high_watermark=0.8, low_watermark=0.5, hold_s=2.0),
-                             COST)
+def bw(**kw):
+    return BandwidthAwarePolicy(PolicyParams(threshold=1000, **kw), COST)
+
+
+def remote_queue(tokens):
+    # r0 holding ``tokens`` queued: wait = 5e-5 s/token * tokens
+    return (inst("r0", "prfaas", queued=tokens), inst("l0", "local_prefill"), inst("l1", "local_prefill"),
+            inst("d0", "decode"))
+
+
+def test_queued_remote_bytes_the_link_clears_in_time_do_not_divert():
+    # Regression (first version): KV of remote requests still waiting for prefill counted as link load, so
+    # a PrfaaS queue alone closed the remote route. Here r0's 1 s queue lets the 1 Gbit/s link clear the
+    # 100 MB queued ahead; remote = 1 s wait + 1 s prefill = 2 s beats local 2 s * (1 + slack).
+    p = bw()
+    d = route(p, 20_000, remote_queue(20_000), LinkView(GBIT, bytes_queued=100e6))
+    assert (d.route, d.reason, p.congested) == ("prfaas", "long", False)
+
+
+def test_link_congestion_latch_uses_bytes_in_flight_with_hysteresis_and_hold():
+    # pressure = in-flight MB * 8 / 1000 Mbit/s / 1 s budget; 20k tokens: local 2.0 s, remote prefill 1.0 s.
+    p = bw(high_watermark=0.8, low_watermark=0.5, hold_s=2.0)
     link = lambda mb: LinkView(GBIT, bytes_in_flight=mb * 1e6)  # noqa: E731
-    assert route(p, 20_000, link=link(50), now=0.0).route == "prfaas"  # (50+20)/125 = 0.56
-    d = route(p, 20_000, link=link(90), now=1.0)  # (90+20)/125 = 0.88 > 0.8: close
+    d = route(p, 20_000, link=link(300), now=0.0)  # p = 2.4: congested; remote = 320 MB / 125 MB/s = 2.56 s
+    assert (d.route, d.reason, p.congested) == ("local", "link_congested", True)
+    d = route(p, 20_000, link=link(60), now=1.0)  # p = 0.48 < low but hold_s not over; remote 1.0 s < 2.0 s
+    assert (d.route, d.reason, p.congested) == ("prfaas", "long", True)
+    assert route(p, 20_000, link=link(70), now=2.5).route == "prfaas" and p.congested  # 0.56 > low
+    assert route(p, 20_000, link=link(60), now=2.6).route == "prfaas" and not p.congested
+
+
+def test_margin_needs_congestion_to_move_on_a_small_gain():
+    # 300 MB queued ahead of an idle r0: remote = 2.56 s vs local 2.0 s. Uncongested, local must be 1.5x
+    # sooner (3.0 > 2.56): stay. Congested (in-flight bytes), any gain moves it.
+    p = bw()
+    assert route(p, 20_000, link=LinkView(GBIT, bytes_queued=300e6)).route == "prfaas"
+    d = route(p, 20_000, link=LinkView(GBIT, bytes_in_flight=300e6))
     assert (d.route, d.reason) == ("local", "link_congested")
-    assert route(p, 20_000, link=link(70), now=1.5).reason == "link_congested"  # 0.56 > low: still closed
-    assert route(p, 20_000, link=link(10), now=2.5).reason == "link_congested"  # below low, but hold_s
-    assert route(p, 20_000, link=link(10), now=3.1).route == "prfaas"  # hold over and 0.08 < 0.5
 
 
-def test_measured_goodput_shrinks_the_budget():
-    p = BandwidthAwarePolicy(PolicyParams(threshold=1000), COST)
-    slow = LinkView(GBIT, goodput_bps=0.1 * GBIT, bytes_in_flight=0.0)  # budget 12.5 MB < 20 MB request
-    assert route(p, 20_000, link=slow).reason == "link_congested"
+def test_no_move_into_a_pool_that_misses_the_target():
+    # Congested link makes remote 10.2 s, but both local instances have a 6 s queue: 8 s > target 6 s, so
+    # the long request stays remote rather than making the local pool late too.
+    insts = (inst("r0", "prfaas"), inst("l0", "local_prefill", queued=60_000), inst("l1", "local_prefill", queued=60_000),
+             inst("d0", "decode"))
+    d = route(bw(), 20_000, insts, LinkView(GBIT, bytes_in_flight=1250e6))
+    assert (d.route, d.reason) == ("prfaas", "long")
+    assert route(bw(target_s=9.0), 20_000, insts, LinkView(GBIT, bytes_in_flight=1250e6)).route == "local"
+
+
+def test_short_request_moves_remote_when_local_is_backed_up_unless_link_congested():
+    insts = (inst("r0", "prfaas"), inst("l0", "local_prefill", queued=50_000), inst("l1", "local_prefill", queued=50_000),
+             inst("d0", "decode"))
+    d = route(bw(), 900, insts)  # local 5.09 s, remote 0.045 s prefill + 7 ms transfer
+    assert (d.route, d.prefill, d.incremental_len, d.reason) == ("prfaas", "r0", 900, "local_slower")
+    d = route(bw(), 900, insts, LinkView(GBIT, bytes_in_flight=200e6))  # pressure 1.6: congested
+    assert (d.route, d.reason) == ("local", "short")
+
+
+def test_measured_goodput_slows_the_link():
+    # 20 MB in flight at 0.1 Gbit/s goodput = 1.6 s > budget: congested; remote 40 MB -> 3.2 s > local 2.0 s.
+    p = bw()
+    d = route(p, 20_000, link=LinkView(GBIT, goodput_bps=0.1 * GBIT, bytes_in_flight=20e6))
+    assert (d.route, d.reason) == ("local", "link_congested")
 
 
 def test_remote_slower_than_local_stays_local():
@@ -111,3 +158,23 @@ def test_registry_and_mutable_threshold():
     assert route(p, 11).route == "local"
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("nope")
+
+
+def test_router_link_state_splits_queued_from_in_flight_and_reads_transport_stats():
+    from prfaas_sgl.router.cluster import LinkState, apply_link_stats
+
+    link = LinkState(GBIT)
+    a, b = link.add(100e6, start_at=10.0), link.add(30e6, start_at=12.0)
+    assert link.view(9.0).bytes_in_flight == 0.0 and link.view(9.0).bytes_queued == 130e6
+    v = link.view(11.0)
+    assert (v.bytes_in_flight, v.bytes_queued) == (100e6, 30e6)
+    link.done(a)
+    link.done(a)  # idempotent: a retried attempt may release twice
+    assert (link.view(13.0).bytes_in_flight, link.view(13.0).bytes_queued) == (30e6, 0.0)
+    link.done(b)
+    assert link.transfers == {}
+    # prfaas_sgl.transfer's snapshot shape: per-window goodput and a queue-delay summary
+    apply_link_stats(link, {"goodput_bps": {"1s": 4e9, "10s": 5e9}, "queue_delay_s": {"n": 3, "mean": 0.25}})
+    assert (link.goodput_bps, link.queue_delay_s, link.stats_ok) == (4e9, 0.25, True)
+    apply_link_stats(link, {"goodput_bps": 2e9, "queue_delay_s": 0.5})
+    assert (link.view(0.0).goodput_bps, link.view(0.0).queue_delay_s) == (2e9, 0.5)
