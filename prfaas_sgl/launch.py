@@ -100,6 +100,10 @@ def server_env(spec: ServerSpec) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1", SGLANG_HOST_IP=spec.host)  # host advertised to the PD peer
     if spec.device == "cpu":
         env.update(SGLANG_USE_CPU_ENGINE="1", MC_FORCE_TCP="1")  # Mooncake: TCP, no RDMA device lookup
+        # /health otherwise generates a token through the scheduler; on 2 CPU cores that probe queues
+        # behind long prefills for 10+ s and routers take a busy server for a dead one. Liveness only;
+        # the router removes an instance at once when a real request to it fails.
+        env.setdefault("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "0")
     env.update(spec.env)
     return env
 
