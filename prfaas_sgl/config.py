@@ -11,7 +11,6 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 ROLES = ("none", "remote", "local")
-HASHES = ("xxh3", "crc32")
 
 
 def _opt(help: str, **kw) -> Any:
@@ -34,7 +33,6 @@ class PrfaasConfig:
         default=128 << 20,  # from scripts/bench_transfer.py: 32 MiB left 5 Gbit/s links at 0.86-0.91
     )
     zmq_timeout_s: float = _opt("A transfer that makes no progress for this long fails.", default=30.0)
-    zmq_checksum: str = _opt("Per-chunk checksum.", default="xxh3", meta={"choices": HASHES})
     zmq_curve_keys: str = _opt(
         "Directory with CurveZMQ keys (server.key_secret, client.key_secret, authorized/*.key): encrypts "
         "and authenticates the KV data plane. Empty = plaintext.",
@@ -61,8 +59,6 @@ class PrfaasConfig:
             )
         if self.zmq_timeout_s <= 0:
             raise ValueError(f"--prfaas-zmq-timeout-s must be > 0, got {self.zmq_timeout_s}")
-        if self.zmq_checksum not in HASHES:
-            raise ValueError(f"--prfaas-zmq-checksum must be one of {HASHES}, got {self.zmq_checksum!r}")
         if self.zmq_curve_keys and not os.path.isdir(self.zmq_curve_keys):
             raise ValueError(f"--prfaas-zmq-curve-keys: {self.zmq_curve_keys!r} is not a directory")
         for name in ("zmq_data_port", "zmq_stats_port"):
