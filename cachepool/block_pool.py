@@ -61,6 +61,15 @@ class BlockPool:
             ref[b] = 1
         return out
 
+    def evict_one(self) -> bool:
+        """Evict the least recently released cached entry (all of its blocks) to the free list.
+        Returns False when nothing is evictable. For callers that mirror the index onto memory
+        they allocate themselves and must give memory back on demand."""
+        if not self._lru:
+            return False
+        self._evict_one()
+        return True
+
     def _evict_one(self) -> None:
         block = next(iter(self._lru))  # least recently released
         manager = self.owner[block]

@@ -130,6 +130,11 @@ class HybridCachePool:
         cached blocks become evictable, everything else returns to the free list."""
         self._release(self._reqs.pop(req_id))
 
+    def evict_lru(self) -> bool:
+        """Evict the least recently released cached entry; False if none is evictable. Emits
+        BlockRemoved. For a caller whose memory the index mirrors (an SGLang tree backend)."""
+        return self.blocks.evict_one()
+
     def _release(self, req: _Request) -> None:
         for m, st in zip(reversed(self.managers), reversed(req.states)):
             m.release(st)

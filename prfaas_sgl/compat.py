@@ -33,6 +33,7 @@ def install() -> None:
     HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _after_add_cli_args, HookType.AFTER)
     HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", _around_from_cli_args, HookType.AROUND)
     _install_transfer_backend(HookRegistry, HookType)
+    _install_cache_backend(HookRegistry, HookType)
     if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
         from prfaas_sgl.cpu import fixes
 
@@ -82,6 +83,16 @@ def _around_from_cli_args(original, cls, ns, *args, **kwargs):
 def get_config(server_args) -> prfaas_config.PrfaasConfig:
     """The server's PrfaasConfig (defaults when the server was built without the CLI, e.g. Engine())."""
     return getattr(server_args, CONFIG_ATTR, None) or prfaas_config.PrfaasConfig()
+
+
+def _install_cache_backend(HookRegistry, HookType) -> None:
+    """`--radix-cache-backend prfaas_hybrid` (prfaas_sgl.cachepool_backend); inert unless selected."""
+    try:
+        from prfaas_sgl import cachepool_backend
+    except ImportError as e:
+        log.debug("prfaas_hybrid cache backend unavailable: %s", e)
+        return
+    cachepool_backend.register()
 
 
 # --- transfer backend ----------------------------------------------------------------------------

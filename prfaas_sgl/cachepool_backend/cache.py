@@ -1,0 +1,308 @@
+"""PrfaasHybridCache: SGLang's BasePrefixCache for hybrid GDN models, backed by HybridCachePool.
+
+Ownership of a running request's KV row (page size 1, block size bs):
+
+    row positions  [0, protected)        tree's slots, matched at admission, pinned by req.lock
+                   [protected, up_to)    the request's own slots; at each checkpoint the blocks
+                                         whose hash is new are handed to the tree (`stored`), the
+                                         rest stay private (duplicates) and are freed at release
+
+Each SGLang request is one pool request (`admit` at its first checkpoint, `grow`+`commit` at each
+later one, `free` at release), so the pool's references pin exactly what the row reads. A lock on a
+match handle is a pool request of its own over the matched tokens. Mamba states: a checkpoint copies
+the request's slot into a fresh slot (as SGLang's MambaComponent does for no_buffer); a hit sets
+`mamba_cow_src_index`, and the scheduler copies it into the request's slot before the forward.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import (BasePrefixCache, DecLockRefResult, EvictParams,
+                                                    EvictResult, IncLockRefResult, MatchPrefixParams,
+                                                    MatchResult)
+
+from prfaas_sgl.cachepool import GroupSpec, HybridCachePool, PoolConfig
+
+from . import config as backend_config
+from .mirror import FULL, LINEAR, Insert, Mirror
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A match handle: the matched tokens and their block hashes (len(tokens) == bs * len(hashes))."""
+
+    tokens: tuple[int, ...]
+    hashes: tuple[int, ...]
+    # BasePrefixCache.dfs_weight_order walks `children`; handles are flat (no tree)
+    children: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+class _Entry:
+    __slots__ = ("pool_id", "start", "stored", "first_gap")
+
+    def __init__(self, pool_id: str) -> None:
+        self.pool_id = pool_id
+        self.start = 0  # the pool's hit at admission: checkpoints are planned past it only
+        self.stored: set[int] = set()  # block positions whose KV slots the tree owns now
+        self.first_gap = 0  # first grid boundary with no state: nothing at or past it is committed
+
+
+def build(ctx) -> "PrfaasHybridCache":
+    """Factory for SGLang's registry (TreeCacheBuildContext -> cache); rejects what it cannot serve."""
+    p, sa = ctx.params, ctx.server_args
+    problems = [msg for bad, msg in (
+        (not ctx.is_hybrid_ssm, "serves hybrid Mamba/GDN models only; omit --radix-cache-backend"),
+        (ctx.is_hybrid_swa, "does not handle sliding-window layers"),
+        (p.page_size != 1, f"needs --page-size 1, got {p.page_size}"),
+        (ctx.enable_hierarchical_cache, "does not support --enable-hierarchical-cache"),
+        (getattr(p, "enable_mamba_extra_buffer", False), "needs --mamba-radix-cache-strategy no_buffer"),
+        (ctx.disable_radix_cache, "conflicts with --disable-radix-cache"),
+        (getattr(sa, "disaggregation_mode", "null") != "null",
+         "is not wired into PD disaggregation yet; use it on a colocated server"),
+    ) if bad]
+    if problems:
+        raise ValueError("--radix-cache-backend prfaas_hybrid: " + "; ".join(problems))
+    cfg = backend_config.from_server(sa.chunked_prefill_size, p.token_to_kv_pool_allocator.size,
+                                     p.req_to_token_pool.mamba_pool.size)
+    return PrfaasHybridCache(p, cfg)
+
+
+class PrfaasHybridCache(BasePrefixCache):
+    def __init__(self, params, cfg: backend_config.BackendConfig) -> None:
+        self.cfg, self.bs = cfg, cfg.block_size
+        self.disable = False
+        self.req_to_token_pool = params.req_to_token_pool
+        self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
+        self.page_size = params.page_size
+        self.sliding_window_size = None
+        self.device = torch.device("cpu") if not isinstance(
+            self.token_to_kv_pool_allocator.device, (str, torch.device)) else torch.device(
+            self.token_to_kv_pool_allocator.device)
+        self._ids = itertools.count()
+        self.reset()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Drop the index. SGLang calls this from flush_cache with no request running, and clears its
+        own allocators alongside, so the mirrored slots are forgotten, not freed."""
+        groups = (GroupSpec(FULL, "full", 1, kv_bytes_per_token=1),
+                  GroupSpec(LINEAR, "linear", 1, state_bytes=self.bs,  # one block per state
+                            checkpoint_interval=self.cfg.checkpoint_interval))
+        self.pool = HybridCachePool(PoolConfig(self.cfg.num_blocks, self.bs, groups, enable_events=True))
+        self.mirror = Mirror(self.bs, self.token_to_kv_pool_allocator.free, self._free_state)
+        self._reqs: dict[int, _Entry] = {}  # by req_pool_idx (unique while the row is held)
+        self.root_node = Node((), ())
+
+    def _free_state(self, slot) -> None:
+        self.req_to_token_pool.mamba_allocator.free(slot)
+
+    def _drain(self, insert: Insert | None = None) -> tuple[int, int]:
+        return self.mirror.apply(self.pool.drain_events(), insert)
+
+    # -- match and locks ------------------------------------------------------------------------
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        key = params.key
+        if key.is_bigram or key.extra_key is not None or key.cache_salt is not None or len(key) == 0:
+            return self._result(self.root_node)  # namespaced keys are not indexed (hash seed is global)
+        tokens = list(key.raw_token_ids())
+        hashes = self.pool.hashes(tokens)
+        k = self.pool.match(tokens, hashes) // self.bs
+        node = Node(tuple(tokens[:k * self.bs]), tuple(hashes[:k]))
+        req = params.req
+        if k and params.cow_mamba and req is not None and not self._cow(req, node):
+            node = self.root_node
+        if not node.hashes and params.cow_mamba and req is not None and req.kv.mamba_cow_src_index is not None:
+            req.kv.mamba_cow_src_index = None  # an earlier match staged a copy this miss must not run
+            req.kv.mamba_needs_clear = True
+        return self._result(node)
+
+    def _result(self, node: Node) -> MatchResult:
+        return MatchResult(device_prefix_len=len(node.tokens), last_device_node=node,
+                           last_host_node=node, best_match_node=node)
+
+    def _cow(self, req, node: Node) -> bool:
+        """Stage the copy of the checkpoint at the match end into the request's state slot."""
+        if not req.kv.holds_mamba:
+            slot = self._alloc_state(pin=node)
+            if slot is None:
+                return False
+            req.kv.mamba_pool_idx = slot[0]
+        req.kv.mamba_cow_src_index = self.mirror.state_of[node.hashes[-1]]
+        req.kv.mamba_needs_clear = False
+        return True
+
+    def _alloc_state(self, pin: Node | None = None):
+        """A free Mamba slot, evicting LRU entries (never `pin`'s) if needed; None if none can be freed."""
+        alloc = self.req_to_token_pool.mamba_allocator
+        slot = alloc.alloc(1)
+        if slot is None:
+            receipt = self.inc_lock_ref(pin) if pin is not None else None
+            self.evict(EvictParams(mamba_num=1))
+            slot = alloc.alloc(1)
+            if receipt is not None:
+                self.dec_lock_ref(pin, receipt.to_dec_params())
+        return slot
+
+    def inc_lock_ref(self, node: Node) -> IncLockRefResult:
+        if not node.hashes:
+            return IncLockRefResult(delta=0, node_id=None)
+        n = next(self._ids)
+        alloc = self.pool.admit(f"lock:{n}", list(node.tokens) + [0], num_tokens=len(node.tokens))
+        self._drain()
+        if alloc.num_cached_tokens != len(node.tokens):  # evicted between match and lock: a bug
+            self.pool.free(f"lock:{n}")
+            self._drain()
+            raise RuntimeError(f"prfaas_hybrid: lock on {len(node.tokens)} tokens found only "
+                               f"{alloc.num_cached_tokens} cached")
+        return IncLockRefResult(delta=0, node_id=n)
+
+    def dec_lock_ref(self, node: Node, params=None) -> DecLockRefResult:
+        if params is not None and params.node_id is not None:
+            self.pool.free(f"lock:{params.node_id}")
+            self._drain()
+        return DecLockRefResult(delta=0)
+
+    def path_device_indices(self, node: Node) -> torch.Tensor:
+        if not node.hashes:
+            return torch.empty((0,), dtype=torch.int64, device=self.device)
+        return torch.cat([self.mirror.kv_of[h] for h in node.hashes])
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def checkpoint(self, req, *, up_to: int, **kwargs) -> None:
+        """Offer tokens [0, up_to) of the request: full blocks to the KV index, and the request's
+        state if up_to is a checkpoint boundary (its state slot holds exactly that state)."""
+        if req.extra_key is not None or req.cache_salt or up_to < self.bs or req.kv.req_pool_idx is None:
+            return
+        length = up_to // self.bs * self.bs
+        tokens = list(req.full_untruncated_fill_ids[:length])
+        hashes = self.pool.hashes(tokens)
+        insert = Insert(self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :length].to(torch.int64),
+                        {h: i for i, h in enumerate(hashes)})
+        if up_to % self.cfg.checkpoint_interval == 0 and hashes[-1] not in self.mirror.state_of:
+            insert.state_hash, insert.state = hashes[-1], self._snapshot(req)
+        ent = self._reqs.get(req.kv.req_pool_idx)
+        if ent is None:
+            ent = self._reqs[req.kv.req_pool_idx] = _Entry(f"req:{next(self._ids)}")
+            ent.start = self.pool.admit(ent.pool_id, tokens + [0], num_tokens=length,
+                                        hashes=list(hashes)).num_cached_tokens
+        else:
+            self.pool.grow(ent.pool_id, length, tokens)
+        self._drain()
+        self.pool.commit(ent.pool_id, self._commit_point(ent, hashes, length, insert))
+        self._drain(insert)
+        ent.stored.update(insert.stored_blocks)
+        if insert.state is not None:  # not indexed (no boundary planned, or the pool had it)
+            self._free_state(insert.state)
+
+    def _snapshot(self, req):
+        """Copy the request's state into a fresh slot; None if no slot can be freed."""
+        slot = self._alloc_state()
+        if slot is not None:
+            pool = self.req_to_token_pool
+            src = pool.translate_mamba_indices(req.kv.mamba_pool_idx.unsqueeze(0))
+            pool.mamba_pool.copy_from(src, pool.translate_mamba_indices(slot))
+        return slot
+
+    def _commit_point(self, ent: _Entry, hashes: list[int], length: int, insert: Insert) -> int:
+        """Tokens to commit. The pool plans a checkpoint at every grid boundary a request crosses,
+        but SGLang holds a state only at chunk ends: commit stops before the first boundary with
+        neither a state from this checkpoint nor an indexed one (it would index a wrong state).
+
+            grid   |----c----|----c----|----c----|
+            chunks [  chunk  )[ short )[  chunk   )   <- the second boundary has no state: stop
+        """
+        c, bs = self.cfg.checkpoint_interval, self.bs
+        if not ent.first_gap:
+            for b in range((ent.start // c + 1) * c, length + 1, c):
+                h = hashes[b // bs - 1]
+                if not (h in self.mirror.state_of or (h == insert.state_hash and insert.state is not None)):
+                    ent.first_gap = b
+                    break
+        return min(length, ent.first_gap - 1) if ent.first_gap else length
+
+    def free_kv_row(self, kv, ranges: list[tuple[int, int]]) -> None:
+        """Free row ranges except the blocks this request handed to the tree."""
+        ent = self._reqs.get(kv.req_pool_idx)
+        if ent is None or not ent.stored:
+            return super().free_kv_row(kv, ranges)
+        pieces = []
+        for start, end in ranges:
+            pos = start
+            for i in sorted(b for b in ent.stored if start < (b + 1) * self.bs and b * self.bs < end):
+                if pos < i * self.bs:
+                    pieces.append((pos, i * self.bs))
+                pos = max(pos, (i + 1) * self.bs)
+            if pos < end:
+                pieces.append((pos, end))
+        if pieces:
+            super().free_kv_row(kv, pieces)
+
+    def on_release(self, req, *, checkpointed: bool) -> None:
+        ent = self._reqs.pop(req.kv.req_pool_idx, None) if req.kv.req_pool_idx is not None else None
+        if ent is not None:
+            self.pool.free(ent.pool_id)
+            self._drain()
+        if req.kv.holds_mamba:  # the tree keeps copies, never the request's own slot
+            self.req_to_token_pool.free_mamba_cache(req)
+        if self.cfg.check_integrity:
+            self.check_integrity()
+
+    def check_integrity(self) -> None:
+        """Pool invariants + the mirror equals the index; logs one line, raises AssertionError."""
+        self.pool.check_integrity()
+        self.mirror.check(self.pool)
+        log.info("prfaas_hybrid integrity ok: %d KV blocks, %d states cached, %d pool requests",
+                 len(self.mirror.kv_of), len(self.mirror.state_of), len(self.pool.request_ids()))
+
+    # -- eviction and sizes ---------------------------------------------------------------------
+    def evict(self, params: EvictParams) -> EvictResult:
+        tokens = states = 0
+        while (tokens < params.num_tokens or states < params.mamba_num) and self.pool.evict_lru():
+            t, s = self._drain()
+            tokens, states = tokens + t, states + s
+        return EvictResult(num_tokens_evicted=tokens, mamba_num_evicted=states)
+
+    def _idle(self) -> tuple[int, int]:
+        full = self.pool.managers[0]
+        owner = self.pool.blocks.owner
+        lru = self.pool.blocks.lru_blocks()
+        n_full = sum(1 for b in lru if owner[b] is full)
+        return n_full, len(lru) - n_full
+
+    def evictable_size(self) -> int:
+        return self._idle()[0] * self.bs
+
+    full_evictable_size = evictable_size
+
+    def protected_size(self) -> int:
+        return len(self.mirror.kv_of) * self.bs - self.evictable_size()
+
+    full_protected_size = protected_size
+
+    def mamba_evictable_size(self) -> int:
+        return self._idle()[1]
+
+    def mamba_protected_size(self) -> int:
+        return len(self.mirror.state_of) - self._idle()[1]
+
+    def total_size(self) -> int:
+        return len(self.mirror.kv_of) * self.bs
+
+    def all_values_flatten(self) -> torch.Tensor:
+        vals = list(self.mirror.kv_of.values())
+        return torch.cat(vals) if vals else torch.empty((0,), dtype=torch.int64)
+
+    def all_mamba_values_flatten(self) -> torch.Tensor:
+        vals = list(self.mirror.state_of.values())
+        return torch.cat(vals) if vals else torch.empty((0,), dtype=torch.int64)
+
+    def supports_mamba(self) -> bool:
+        return True
+
+    def pretty_print(self) -> None:
+        print(f"prfaas_hybrid: {self.total_size()} tokens, {len(self.mirror.state_of)} states cached")

@@ -1,0 +1,41 @@
+"""The backend's one frozen config (built once per scheduler process from SGLang's server args)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+CHECK_ENV = "PRFAAS_CACHEPOOL_CHECK"  # "1": check_integrity() after every release (debug, O(pool))
+
+
+@dataclass(frozen=True, slots=True)
+class BackendConfig:
+    """block_size: tokens per index block (hash granularity; a hit is a multiple of it).
+    checkpoint_interval: tokens between Gated-DeltaNet state checkpoints. SGLang's `no_buffer` Mamba
+        strategy holds a request's state only at the end of each prefill chunk, so this is the
+        chunked-prefill size: chunk ends land exactly on the checkpoint grid.
+    num_blocks: size of the index's (virtual) block pool; must exceed what SGLang can hold.
+    check_integrity: run HybridCachePool.check_integrity() + the mirror checks after each release."""
+
+    block_size: int
+    checkpoint_interval: int
+    num_blocks: int
+    check_integrity: bool = False
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"prfaas_hybrid: block_size={self.block_size}; use >= 1")
+        c = self.checkpoint_interval
+        if c <= 0 or c % self.block_size:
+            raise ValueError(
+                f"prfaas_hybrid: --chunked-prefill-size {c} must be a positive multiple of "
+                f"{self.block_size} tokens (state checkpoints are taken at chunk ends); "
+                f"pass e.g. --chunked-prefill-size {8 * self.block_size}")
+
+
+def from_server(chunked_prefill_size: int | None, kv_tokens: int, mamba_slots: int,
+                block_size: int = 16) -> BackendConfig:
+    """kv_tokens / mamba_slots: SGLang's pool sizes. The virtual pool gets twice the blocks they
+    could ever fill, plus room for per-request working states, so it never evicts on its own."""
+    num_blocks = 2 * (kv_tokens // block_size + mamba_slots) + 4096
+    return BackendConfig(block_size, chunked_prefill_size or 0, num_blocks,
+                         os.environ.get(CHECK_ENV) == "1")
