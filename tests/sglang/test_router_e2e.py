@@ -1,4 +1,4 @@
-"""The router in front of real SGLang servers on CPU: PrfaaS prefill + local prefill + decode (PD, mooncake TCP).
+"""The router in front of real SGLang servers on CPU: PrfaaS prefill + local prefill + decode (PD, ``BACKEND``).
 
 Every route must give HF greedy's tokens; routing follows the threshold and the prefix cache; the PrfaaS
 server dying leaves requests served locally; bad input gets OpenAI-style 4xx answers. The router runs
@@ -32,16 +32,17 @@ CHUNK = 256  # PrfaaS chunked prefill below the long prompts: several KV chunks 
 CONTEXT = 8192  # the tiny model's max_position_embeddings
 # Long enough that the kill test's first request meets the dead server (and is retried) before a probe does.
 HEALTH_S = 60.0
-BACKEND = "mooncake"  # SGLang's mooncake (TCP on CPU); prfaas_zmq once tests/sglang/test_prfaas_zmq.py exists
+BACKEND = "prfaas_zmq"  # this project's ZeroMQ KV transport (tests/sglang/test_prfaas_zmq.py); "mooncake" works too
+ZMQ_ARGS = ("--prfaas-zmq-timeout-s", "120") if BACKEND == "prfaas_zmq" else ()
 
 
 def _specs(log_dir):
+    pd = dict(transfer_backend=BACKEND, extra_args=ZMQ_ARGS)
     return {
-        "prfaas": spec(log_dir, "prfaas", HYBRID, mode="prefill", transfer_backend=BACKEND,
-                       bootstrap_port=free_port(), chunked_prefill_size=CHUNK),
-        "local": spec(log_dir, "local", HYBRID, mode="prefill", transfer_backend=BACKEND,
-                      bootstrap_port=free_port()),
-        "decode": spec(log_dir, "decode", HYBRID, mode="decode", transfer_backend=BACKEND),
+        "prfaas": spec(log_dir, "prfaas", HYBRID, mode="prefill", bootstrap_port=free_port(),
+                       chunked_prefill_size=CHUNK, **pd),
+        "local": spec(log_dir, "local", HYBRID, mode="prefill", bootstrap_port=free_port(), **pd),
+        "decode": spec(log_dir, "decode", HYBRID, mode="decode", **pd),
     }
 
 
