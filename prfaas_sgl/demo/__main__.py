@@ -51,7 +51,9 @@ def set_policy(router_url: str, policy: str) -> None:
     req = urllib.request.Request(router_url + "/admin/routing", json.dumps({"policy": policy}).encode(),
                                  {"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as r:
-        assert json.loads(r.read())["policy"] == policy
+        got = json.loads(r.read())["policy"]
+    if got != policy:
+        raise RuntimeError(f"router kept policy {got!r} after POST /admin/routing {{'policy': {policy!r}}}")
 
 
 def run_policy(router_url: str, tokenizer: str, args, out: Path, policy: str) -> dict:

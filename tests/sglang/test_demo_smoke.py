@@ -1,7 +1,7 @@
 """A reduced `make demo`: real servers, the router, the load generator, all three policies.
 
-Uses SGLang's mooncake_tcp unless PRFAAS_DEMO_BACKEND says otherwise, so the smoke test pins the demo
-plumbing rather than one transport. With root the remote prefill sits behind an emulated link.
+Uses the demo's default transport, prfaas_zmq (PRFAAS_DEMO_BACKEND=mooncake runs it over SGLang's
+mooncake_tcp instead). With root the remote prefill sits behind an emulated link.
 """
 from __future__ import annotations
 
