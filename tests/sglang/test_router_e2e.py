@@ -169,7 +169,10 @@ def test_bad_input_gets_openai_error_and_router_stays_up(router, body, status, c
     got, headers, out = call(router.url + "/v1/completions", body)
     assert (got, out["error"]["code"], out["error"]["type"]) == (status, code, "invalid_request_error")
     assert out["error"]["message"] and "x-prfaas-route" not in headers
-    ok, _, answer = call(router.url + "/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 2})
+    # ignore_eos: the tiny random-weight model may pick EOS first (a near tie that batch numerics can flip);
+    # this request checks that the router still serves, not when the model stops.
+    ok, _, answer = call(router.url + "/v1/completions",
+                         {"model": "tiny", "prompt": "hello", "max_tokens": 2, "ignore_eos": True})
     assert ok == 200 and answer["usage"]["completion_tokens"] == 2
 
 
