@@ -12,6 +12,12 @@ later one, `free` at release), so the pool's references pin exactly what the row
 match handle is a pool request of its own over the matched tokens. Mamba states: a checkpoint copies
 the request's slot into a fresh slot (as SGLang's MambaComponent does for no_buffer); a hit sets
 `mamba_cow_src_index`, and the scheduler copies it into the request's slot before the forward.
+
+PD roles (--disaggregation-mode): a prefill server matches and checkpoints as colocated, and admits
+each request as transfer-bound (its uncached tail is transfer-cache until SGLang releases the request
+after the transfer). A decode server (with --disaggregation-decode-enable-radix-cache) indexes
+full-attention KV only: its hit becomes SGLang's decode_prefix_len, the prefill sends the pages past
+it plus the prompt-end state, so decode never needs a cached state and any block-aligned prefix counts.
 """
 from __future__ import annotations
 
@@ -55,26 +61,33 @@ class _Entry:
 def build(ctx) -> "PrfaasHybridCache":
     """Factory for SGLang's registry (TreeCacheBuildContext -> cache); rejects what it cannot serve."""
     p, sa = ctx.params, ctx.server_args
+    mode = getattr(sa, "disaggregation_mode", "null") or "null"
     problems = [msg for bad, msg in (
         (not ctx.is_hybrid_ssm, "serves hybrid Mamba/GDN models only; omit --radix-cache-backend"),
         (ctx.is_hybrid_swa, "does not handle sliding-window layers"),
         (p.page_size != 1, f"needs --page-size 1, got {p.page_size}"),
         (ctx.enable_hierarchical_cache, "does not support --enable-hierarchical-cache"),
         (getattr(p, "enable_mamba_extra_buffer", False), "needs --mamba-radix-cache-strategy no_buffer"),
-        (ctx.disable_radix_cache, "conflicts with --disable-radix-cache"),
-        (getattr(sa, "disaggregation_mode", "null") != "null",
-         "is not wired into PD disaggregation yet; use it on a colocated server"),
+        (ctx.disable_radix_cache and mode == "decode",
+         "on a decode server needs --disaggregation-decode-enable-radix-cache (SGLang turns prefix "
+         "caching off on decode servers otherwise)"),
+        (ctx.disable_radix_cache and mode != "decode", "conflicts with --disable-radix-cache"),
     ) if bad]
     if problems:
         raise ValueError("--radix-cache-backend prfaas_hybrid: " + "; ".join(problems))
     cfg = backend_config.from_server(sa.chunked_prefill_size, p.token_to_kv_pool_allocator.size,
-                                     p.req_to_token_pool.mamba_pool.size)
+                                     p.req_to_token_pool.mamba_pool.size, role=mode)
     return PrfaasHybridCache(p, cfg)
 
 
 class PrfaasHybridCache(BasePrefixCache):
     def __init__(self, params, cfg: backend_config.BackendConfig) -> None:
         self.cfg, self.bs = cfg, cfg.block_size
+        # A decode server never resumes a state from its cache: the prefill sends the request's state
+        # at the prompt end whatever prefix decode holds, and only the full-attention pages past
+        # that prefix. So decode indexes KV alone and a hit is any block-aligned prefix (the hybrid
+        # rule would cap it at a state checkpoint decode never has).
+        self.kv_only = cfg.role == "decode"
         self.disable = False
         self.req_to_token_pool = params.req_to_token_pool
         self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
@@ -93,6 +106,8 @@ class PrfaasHybridCache(BasePrefixCache):
         groups = (GroupSpec(FULL, "full", 1, kv_bytes_per_token=1),
                   GroupSpec(LINEAR, "linear", 1, state_bytes=self.bs,  # one block per state
                             checkpoint_interval=self.cfg.checkpoint_interval))
+        if self.kv_only:
+            groups = groups[:1]
         self.pool = HybridCachePool(PoolConfig(self.cfg.num_blocks, self.bs, groups, enable_events=True))
         self.mirror = Mirror(self.bs, self.token_to_kv_pool_allocator.free, self._free_state)
         self._reqs: dict[int, _Entry] = {}  # by req_pool_idx (unique while the row is held)
@@ -114,6 +129,8 @@ class PrfaasHybridCache(BasePrefixCache):
         k = self.pool.match(tokens, hashes) // self.bs
         node = Node(tuple(tokens[:k * self.bs]), tuple(hashes[:k]))
         req = params.req
+        if self.kv_only:
+            return self._result(node)
         if k and params.cow_mamba and req is not None and not self._cow(req, node):
             node = self.root_node
         if not node.hashes and params.cow_mamba and req is not None and req.kv.mamba_cow_src_index is not None:
@@ -183,13 +200,13 @@ class PrfaasHybridCache(BasePrefixCache):
         hashes = self.pool.hashes(tokens)
         insert = Insert(self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :length].to(torch.int64),
                         {h: i for i, h in enumerate(hashes)})
-        if up_to % self.cfg.checkpoint_interval == 0 and hashes[-1] not in self.mirror.state_of:
+        if not self.kv_only and up_to % self.cfg.checkpoint_interval == 0 and hashes[-1] not in self.mirror.state_of:
             insert.state_hash, insert.state = hashes[-1], self._snapshot(req)
         ent = self._reqs.get(req.kv.req_pool_idx)
         if ent is None:
             ent = self._reqs[req.kv.req_pool_idx] = _Entry(f"req:{next(self._ids)}")
-            ent.start = self.pool.admit(ent.pool_id, tokens + [0], num_tokens=length,
-                                        hashes=list(hashes)).num_cached_tokens
+            ent.start = self.pool.admit(ent.pool_id, tokens + [0], num_tokens=length, hashes=list(hashes),
+                                        transfer=self.cfg.role == "prefill").num_cached_tokens
         else:
             self.pool.grow(ent.pool_id, length, tokens)
         self._drain()
@@ -217,6 +234,8 @@ class PrfaasHybridCache(BasePrefixCache):
             chunks [  chunk  )[ short )[  chunk   )   <- the second boundary has no state: stop
         """
         c, bs = self.cfg.checkpoint_interval, self.bs
+        if self.kv_only:
+            return length
         if not ent.first_gap:
             for b in range((ent.start // c + 1) * c, length + 1, c):
                 h = hashes[b // bs - 1]
@@ -256,8 +275,10 @@ class PrfaasHybridCache(BasePrefixCache):
         """Pool invariants + the mirror equals the index; logs one line, raises AssertionError."""
         self.pool.check_integrity()
         self.mirror.check(self.pool)
-        log.info("prfaas_hybrid integrity ok: %d KV blocks, %d states cached, %d pool requests",
-                 len(self.mirror.kv_of), len(self.mirror.state_of), len(self.pool.request_ids()))
+        u = self.pool.usage()
+        log.info("prfaas_hybrid integrity ok: %d KV blocks, %d states cached, %d pool requests, "
+                 "%d transfer-cache blocks", len(self.mirror.kv_of), len(self.mirror.state_of),
+                 len(self.pool.request_ids()), u.transfer)
 
     # -- eviction and sizes ---------------------------------------------------------------------
     def evict(self, params: EvictParams) -> EvictResult:

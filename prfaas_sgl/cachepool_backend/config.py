@@ -14,12 +14,16 @@ class BackendConfig:
         strategy holds a request's state only at the end of each prefill chunk, so this is the
         chunked-prefill size: chunk ends land exactly on the checkpoint grid.
     num_blocks: size of the index's (virtual) block pool; must exceed what SGLang can hold.
-    check_integrity: run HybridCachePool.check_integrity() + the mirror checks after each release."""
+    check_integrity: run HybridCachePool.check_integrity() + the mirror checks after each release.
+    role: SGLang's --disaggregation-mode ("null" colocated, "prefill", "decode"). On a prefill server
+        every request's KV leaves for a decode server: its uncached tail is transfer-cache, held
+        until the transfer completes (SGLang releases the request then)."""
 
     block_size: int
     checkpoint_interval: int
     num_blocks: int
     check_integrity: bool = False
+    role: str = "null"
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -33,9 +37,11 @@ class BackendConfig:
 
 
 def from_server(chunked_prefill_size: int | None, kv_tokens: int, mamba_slots: int,
-                block_size: int = 16) -> BackendConfig:
+                block_size: int = 16, role: str = "null") -> BackendConfig:
     """kv_tokens / mamba_slots: SGLang's pool sizes. The virtual pool gets twice the blocks they
     could ever fill, plus room for per-request working states, so it never evicts on its own."""
     num_blocks = 2 * (kv_tokens // block_size + mamba_slots) + 4096
-    return BackendConfig(block_size, chunked_prefill_size or 0, num_blocks,
-                         os.environ.get(CHECK_ENV) == "1")
+    # decode indexes KV only (no checkpoints): the grid is unused there, any chunk size is fine
+    interval = block_size if role == "decode" else chunked_prefill_size or 0
+    return BackendConfig(block_size, interval, num_blocks,
+                         os.environ.get(CHECK_ENV) == "1", role)

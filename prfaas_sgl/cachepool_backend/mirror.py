@@ -67,9 +67,10 @@ class Mirror:
 
     def check(self, pool) -> None:
         """The mirror equals the pool's index, and no SGLang slot is held twice."""
-        full, linear = pool.managers
+        full, *linear = pool.managers  # a decode server's pool has no linear group
         assert set(full.index) == set(self.kv_of), "KV mirror differs from the full-attention index"
-        assert set(linear.index) == set(self.state_of), "state mirror differs from the linear index"
+        assert set(linear[0].index if linear else ()) == set(self.state_of), \
+            "state mirror differs from the linear index"
         slots = [int(x) for t in self.kv_of.values() for x in t.tolist()]
         assert len(slots) == len(set(slots)), "a KV slot is cached under two hashes"
         states = [int(t.item()) for t in self.state_of.values()]
