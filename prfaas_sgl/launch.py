@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,10 +26,27 @@ MODES = ("colocated", "prefill", "decode")
 _LIVE: set["ManagedProcess"] = set()
 
 
+_HANDED_OUT: set[int] = set()
+_PORT_RANGE = (20000, 32000)  # below Linux's ephemeral range (32768-60999)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port that binds now, below the ephemeral range: a port the kernel picked (bind to 0) can be
+    handed to another socket's outgoing connection before our server binds it (seen in CI: a server
+    died with 'address already in use')."""
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(*_PORT_RANGE)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free port in {_PORT_RANGE} on {host}")
 
 
 def is_hybrid(model_path: str | Path) -> bool:

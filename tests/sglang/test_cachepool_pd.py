@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -30,18 +31,19 @@ BS = 16  # the backend's index block size
 NEW = 8
 ZMQ = ("--prfaas-zmq-timeout-s", "120")
 CHECK = {"PRFAAS_CACHEPOOL_CHECK": "1"}
+POOL = dict(max_total_tokens=2048, max_mamba_slots=24)  # small: the burst test exhausts both sides
 
 
 def _specs(log_dir):
     stats = free_port()
     return {
         "prefill": spec(log_dir, "pool_prefill", HYBRID, mode="prefill", transfer_backend="prfaas_zmq",
-                        bootstrap_port=free_port(), chunked_prefill_size=GRID, env=CHECK,
+                        bootstrap_port=free_port(), chunked_prefill_size=GRID, env=CHECK, **POOL,
                         extra_args=ZMQ + ("--radix-cache-backend", "prfaas_hybrid", "--enable-cache-report",
                                           "--prfaas-zmq-stats-port", str(stats))),
         # batch-1 decode: batched CPU matmuls flip near-tie tokens of the random-weight model
         "decode": spec(log_dir, "pool_decode", HYBRID, mode="decode", transfer_backend="prfaas_zmq",
-                       max_running_requests=1, env=CHECK,
+                       max_running_requests=1, env=CHECK, **POOL,
                        extra_args=ZMQ + ("--radix-cache-backend", "prfaas_hybrid", "--enable-cache-report",
                                          "--disaggregation-decode-enable-radix-cache")),
         "colocated": spec(log_dir, "pool_pd_colocated", HYBRID, chunked_prefill_size=GRID, max_running_requests=1,
@@ -82,11 +84,14 @@ def _links(doc) -> list[dict]:
     return [x for v in doc for x in _links(v)] if isinstance(doc, list) else []
 
 
-def _log_facts(farm, name: str) -> tuple[int, int, list[int]]:
-    """(integrity-ok lines, AssertionErrors, transfer-cache blocks per integrity line)."""
+def _log_facts(farm, name: str) -> tuple[int, int, list[int], list[tuple[int, int]]]:
+    """(integrity-ok lines, AssertionErrors, then per integrity line: KV blocks cached, and (pool
+    requests still admitted, transfer-cache blocks in use) after that release)."""
     text = farm[name].log_path.read_text(errors="replace")
-    transfer = [int(m) for m in re.findall(r"prfaas_hybrid integrity ok: .* (\d+) transfer-cache blocks", text)]
-    return text.count("prfaas_hybrid integrity ok"), text.count("AssertionError"), transfer
+    lines = re.findall(r"prfaas_hybrid integrity ok: (\d+) KV blocks, \d+ states cached, (\d+) pool "
+                       r"requests, (\d+) transfer-cache blocks", text)
+    return (len(lines), text.count("AssertionError"), [int(a) for a, _, _ in lines],
+            [(int(b), int(c)) for _, b, c in lines])
 
 
 def test_shared_system_prompt_hits_on_prefill_and_decode(farm, model_paths):
@@ -101,9 +106,9 @@ def test_shared_system_prompt_hits_on_prefill_and_decode(farm, model_paths):
     assert [o["prefill"]["meta_info"]["cached_tokens"] for o in outs] == [0, 256, 256]
     # decode holds KV in 16-token blocks: the shared prompt's 18 whole blocks (288 of 300 tokens)
     assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 288, 288]
-    ok, errors, transfer = _log_facts(farm, "prefill")
-    assert ok >= len(questions) and errors == 0 and transfer[-1] == 0, (ok, errors, transfer)
-    ok, errors, _ = _log_facts(farm, "decode")
+    ok, errors, _, transfer = _log_facts(farm, "prefill")
+    assert ok >= len(questions) and errors == 0 and transfer[-1] == (0, 0), (ok, errors, transfer)
+    ok, errors, _, _ = _log_facts(farm, "decode")
     assert ok >= len(questions) and errors == 0
 
 
@@ -135,5 +140,27 @@ def test_decode_hit_skips_its_prefix_on_the_wire(farm, model_paths):
     assert sent == (len(turn2) - decode_hit) * k + c, (sent, k, c, len(turn2))
     # prefill, meanwhile, resumed from its own last checkpoint inside turn 1 (384 = 6 x 64)
     assert out2["prefill"]["meta_info"]["cached_tokens"] == 384
-    ok, errors, _ = _log_facts(farm, "decode")
+    ok, errors, _, _ = _log_facts(farm, "decode")
     assert errors == 0 and ok >= 6
+
+
+def test_burst_exhausting_both_pools_waits_and_stays_consistent(farm, model_paths):
+    # 5 distinct 700-token prompts at once: 3,500 tokens of KV against 2,048 on each side, so
+    # requests wait for transfers to complete (prefill) and cached blocks are evicted (both sides)
+    prompts = [prompt_ids(model_paths["hybrid"], 700, seed=700 + i) for i in range(5)]
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        outs = list(ex.map(lambda ids: _pd(farm, ids), prompts))
+    for ids, o in zip(prompts, outs):
+        assert o["output_ids"] == _colocated(farm, ids)
+    for name in ("prefill", "decode"):
+        assert urllib.request.urlopen(farm[name].url + "/health", timeout=30).status == 200
+    # 5 x 43 (prefill) / 5 x 44 (decode) blocks were indexed, more than 2,048 tokens hold: LRU evicted
+    _, errors, kv, transfer = _log_facts(farm, "prefill")
+    # no request left admitted, no transfer-cache block left once the last transfer completed
+    assert errors == 0 and transfer[-1] == (0, 0) and max(kv) <= 2048 // BS
+    _, errors, kv, _ = _log_facts(farm, "decode")
+    assert errors == 0 and max(kv) <= 2048 // BS
+    # the index still serves after eviction: the last prompt again hits on both sides
+    again = _pd(farm, prompts[-1])
+    assert again["output_ids"] == outs[-1]["output_ids"]
+    assert again["prefill"]["meta_info"]["cached_tokens"] == 640 and again["meta_info"]["cached_tokens"] == 688
