@@ -1,0 +1,155 @@
+"""KV bytes on the wire per PD request with a decode-side prefix cache: prfaas_hybrid vs SGLang 0.5.23's
+own decode radix cache vs none, same prefill, same seeded trace, in one run (not a test).
+
+Real CPU SGLang servers, tiny hybrid GDN model, prfaas_zmq: one prefill (`--radix-cache-backend
+prfaas_hybrid`, stats endpoint) and three decode servers that differ only in their decode cache:
+  none    SGLang's default for decode (prefix caching off): every prompt page crosses the link
+  sglang  --disaggregation-decode-enable-radix-cache (UnifiedRadixCache with its Mamba component)
+  ours    the same flag + --radix-cache-backend prfaas_hybrid (full-attention KV index only: the
+          prefill always sends the prompt-end state, so any block-aligned KV prefix is a hit)
+A decode hit becomes SGLang's decode_prefix_len and the prefill skips those pages. Trace: a few long
+system prompts shared by several multi-turn conversations (turn k+1 = turn k + answer + new message),
+turns interleaved across conversations. Each request goes to the three pairs in turn; bytes are the
+prefill's transport counters (GET /stats) before and after. Greedy outputs must agree across the three.
+
+    python3 scripts/bench_decode_cache.py --out out/bench_decode_cache
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from prfaas_sgl.launch import SGLangServer, ServerSpec, free_port
+from prfaas_sgl.models.tiny import ensure
+
+VARIANTS = {
+    "none": (),
+    "sglang": ("--disaggregation-decode-enable-radix-cache",),
+    "ours": ("--disaggregation-decode-enable-radix-cache", "--radix-cache-backend", "prfaas_hybrid"),
+}
+ZMQ = ("--prfaas-zmq-timeout-s", "120")
+
+
+def make_trace(seed: int, systems: int, convs: int, turns: int, system_len: int, msg: tuple[int, int]):
+    """Per turn, per conversation: (conversation id, new user tokens); system prompts by conversation."""
+    rng = random.Random(seed)
+    toks = lambda n: [rng.randrange(16, 500) for _ in range(n)]  # noqa: E731 (ids clear of specials)
+    sys_prompts = [toks(system_len) for _ in range(systems)]
+    conv_system = [sys_prompts[c % systems] for c in range(convs)]
+    steps = [(c, toks(rng.randint(*msg))) for _ in range(turns) for c in range(convs)]
+    return conv_system, steps
+
+
+def post(url: str, body: dict, timeout: float = 600.0) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def pd(prefill: SGLangServer, decode: SGLangServer, ids: list[int], new: int) -> dict:
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": new, "temperature": 0.0, "ignore_eos": True},
+            "bootstrap_host": "127.0.0.1", "bootstrap_port": prefill.spec.bootstrap_port,
+            "bootstrap_room": random.getrandbits(63)}
+    side: dict = {}
+    t = threading.Thread(target=lambda: side.update(p=post(prefill.url + "/generate", body)))
+    t.start()
+    out = post(decode.url + "/generate", body)
+    t.join()
+    out["prefill"] = side["p"]
+    return out
+
+
+def sent_bytes(stats_port: int) -> int:
+    doc = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{stats_port}/stats", timeout=10).read())
+    return sum(link["bytes_total"] for link in doc["links"].values())
+
+
+def start(log_dir: Path, chunk: int):
+    model = str(ensure("tiny-qwen35-hybrid"))
+    stats = free_port()
+    servers = {"prefill": SGLangServer(ServerSpec(
+        model, free_port(), mode="prefill", transfer_backend="prfaas_zmq", bootstrap_port=free_port(),
+        chunked_prefill_size=chunk, log_path=str(log_dir / "prefill.log"),
+        extra_args=ZMQ + ("--radix-cache-backend", "prfaas_hybrid", "--prfaas-zmq-stats-port", str(stats))))}
+    for name, extra in VARIANTS.items():
+        servers[name] = SGLangServer(ServerSpec(
+            model, free_port(), mode="decode", transfer_backend="prfaas_zmq", max_running_requests=1,
+            log_path=str(log_dir / f"decode_{name}.log"), extra_args=ZMQ + ("--enable-cache-report",) + extra))
+    for s in servers.values():
+        s.start()
+    for s in servers.values():
+        s.wait_healthy(timeout_s=900)
+    return servers, stats
+
+
+def run(args) -> dict:
+    conv_system, steps = make_trace(args.seed, args.systems, args.convs, args.turns, args.system_len,
+                                    (args.msg_min, args.msg_max))
+    out_dir = Path(args.out)
+    servers, stats = start(out_dir / "logs", args.chunk)
+    history = [list(s) for s in conv_system]
+    rows = []
+    try:
+        for conv, msg in steps:
+            ids = history[conv] + msg
+            row = {"conv": conv, "prompt_tokens": len(ids)}
+            outputs = {}
+            for name in VARIANTS:
+                before, t0 = sent_bytes(stats), time.perf_counter()
+                o = pd(servers["prefill"], servers[name], ids, args.new)
+                row[name] = {"bytes": sent_bytes(stats) - before, "decode_cached": o["meta_info"]["cached_tokens"],
+                             "latency_s": round(time.perf_counter() - t0, 3)}
+                outputs[name] = o["output_ids"]
+            row["outputs_agree"] = len({tuple(v) for v in outputs.values()}) == 1
+            rows.append(row)
+            history[conv] = ids + outputs["none"]
+            print(json.dumps(row), flush=True)
+    finally:
+        for s in servers.values():
+            s.stop()
+    return summarize(args, rows)
+
+
+def summarize(args, rows: list[dict]) -> dict:
+    total = {n: sum(r[n]["bytes"] for r in rows) for n in VARIANTS}
+    cached = {n: sum(r[n]["decode_cached"] for r in rows) for n in VARIANTS}
+    prompt = sum(r["prompt_tokens"] for r in rows)
+    return {
+        "config": vars(args), "requests": len(rows), "prompt_tokens": prompt,
+        "bytes": total, "bytes_vs_none": {n: round(total[n] / total["none"], 4) for n in VARIANTS},
+        "decode_hit_rate": {n: round(cached[n] / prompt, 4) for n in VARIANTS},
+        "outputs_agree": all(r["outputs_agree"] for r in rows), "rows": rows,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--systems", type=int, default=2, help="distinct system prompts")
+    ap.add_argument("--convs", type=int, default=4, help="conversations (round-robin over system prompts)")
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--system-len", type=int, default=600)
+    ap.add_argument("--msg-min", type=int, default=30)
+    ap.add_argument("--msg-max", type=int, default=90)
+    ap.add_argument("--new", type=int, default=8, help="answer tokens per turn")
+    ap.add_argument("--chunk", type=int, default=64, help="prefill --chunked-prefill-size")
+    ap.add_argument("--out", default="out/bench_decode_cache")
+    args = ap.parse_args()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    result = run(args)
+    (Path(args.out) / "result.json").write_text(json.dumps(result, indent=1))
+    b, h = result["bytes_vs_none"], result["decode_hit_rate"]
+    print(f"| {result['requests']} req, {result['prompt_tokens']} prompt tokens | "
+          + " | ".join(f"{n}: {result['bytes'][n]:,} B ({b[n]:.3f}), hit {h[n]:.3f}" for n in VARIANTS)
+          + f" | outputs agree: {result['outputs_agree']} |")
+    sys.exit(0 if result["outputs_agree"] else 1)
+
+
+if __name__ == "__main__":
+    main()
