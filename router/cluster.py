@@ -106,7 +106,7 @@ class Cluster:
     def route_input(self, prompt_len: int, hashes: Sequence[int], now: float) -> RouteInput:
         b = self.cfg.block_size
         views = tuple(i.view(i.index.match(hashes) * b) for i in self.instances.values())
-        return RouteInput(prompt_len, views, self.link.view(now), now)
+        return RouteInput(prompt_len, views, self.link.view(now), now, self.cfg.decode_affinity_slack)
 
     def pool(self, pool: Pool) -> list[Instance]:
         return [i for i in self.instances.values() if i.pool == pool]

@@ -64,6 +64,9 @@ class RouterConfig:
     threshold: int = _f(8192, "incremental-length threshold t (tokens) above which prefill goes remote")
     cache_rule: str = _f("scarce", "paper cache rule: scarce (per-cluster cache) or abundant (max of both)")
     overload_tokens: int = _f(32768, "queued tokens beyond which cache affinity is ignored")
+    decode_affinity_slack: int = _f(-1, "decode servers cache prefixes (prfaas_hybrid / SGLang decode radix "
+                                    "cache): prefer the one holding the prompt's longest prefix unless it runs "
+                                    "more than this many requests beyond the least-loaded decode; -1 = off")
     block_size: int = _f(64, "prefix-hash block size in tokens (= SGLang --page-size)")
     prefix_capacity_tokens: int = _f(1 << 20, "modelled prefix-cache capacity per instance (tokens)")
     kv_bytes_per_token: float = _f(17_100.0, "full-attention KV bytes per token (link accounting)")
@@ -129,6 +132,8 @@ class RouterConfig:
                      "target_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+        if self.decode_affinity_slack < -1:
+            raise ValueError("--decode-affinity-slack must be >= 0 requests, or -1 (off)")
         if not 0 < self.low_watermark <= self.high_watermark:
             raise ValueError("--low-watermark / --high-watermark: need 0 < low <= high")
         for name in ("local_prefill_coef", "remote_prefill_coef"):

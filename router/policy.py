@@ -66,6 +66,9 @@ class RouteInput:
     instances: tuple[InstanceView, ...]
     link: LinkView
     now: float
+    # decode cache affinity (RouterConfig.decode_affinity_slack): -1 off; else the decode holding the
+    # longest prefix wins unless it runs more than this many requests beyond the least-loaded decode
+    decode_slack: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,10 +175,19 @@ def pick_prefill(cands: list[InstanceView], prompt_len: int, overload_tokens: in
 
 
 def pick_decode(inp: RouteInput) -> InstanceView:
+    """Least loaded; with decode affinity on, the decode already holding the longest prefix of the
+    prompt if it is not too busy: its hit becomes SGLang's decode_prefix_len and those pages never
+    cross the link (decode-side prefix cache: prfaas_hybrid or SGLang's decode radix cache)."""
     cands = healthy(inp, "decode")
     if not cands:
         raise NoInstanceError("no healthy decode instance")
-    return min(cands, key=lambda i: (i.inflight, i.queued_tokens, i.name))
+    least = min(cands, key=lambda i: (i.inflight, i.queued_tokens, i.name))
+    if inp.decode_slack < 0:
+        return least
+    affine = max(cands, key=lambda i: (i.cached_prefix, -i.inflight, -i.queued_tokens))
+    if affine.cached_prefix > 0 and affine.inflight <= least.inflight + inp.decode_slack:
+        return affine
+    return least
 
 
 def decide_on(inp: RouteInput, route: Route, reason: str, overload_tokens: int,

@@ -64,6 +64,8 @@ class RoutingCore:
 
     def _commit(self, d: Decision, hashes: Sequence[int], now: float) -> None:
         self.cluster.instances[d.prefill].index.insert(hashes)
+        if self.cfg.decode_affinity_slack >= 0:  # decode caches what it served (approximate index)
+            self.cluster.instances[d.decode].index.insert(hashes)
         self.metrics.record(d)
         if self.controller is not None:
             self.controller.observe(d.incremental_len, now)

@@ -178,3 +178,26 @@ def test_router_link_state_splits_queued_from_in_flight_and_reads_transport_stat
     assert (link.goodput_bps, link.queue_delay_s, link.stats_ok) == (4e9, 0.25, True)
     apply_link_stats(link, {"goodput_bps": 2e9, "queue_delay_s": 0.5})
     assert (link.view(0.0).goodput_bps, link.view(0.0).queue_delay_s) == (2e9, 0.5)
+
+
+def _decodes(d0_cached=0, d0_inflight=2, d1_inflight=1):
+    return (inst("l0", "local_prefill"), inst("d0", "decode", cached=d0_cached, inflight=d0_inflight),
+            inst("d1", "decode", inflight=d1_inflight))
+
+
+@pytest.mark.parametrize("slack, d0_inflight, expect", [
+    (-1, 2, "d1"),  # off: least loaded even though d0 holds the prefix
+    (1, 2, "d0"),  # d0 runs one more request than d1: within the slack, its cached prefix wins
+    (0, 2, "d1"),  # no slack: the busier affine decode loses
+    (3, 5, "d1"),  # 4 more than the least loaded: overloaded, least loaded wins
+])
+def test_decode_affinity_prefers_the_decode_holding_the_prefix_within_slack(slack, d0_inflight, expect):
+    inp = RouteInput(5000, _decodes(d0_cached=4096, d0_inflight=d0_inflight), LinkView(GBIT), 0.0, slack)
+    assert ThresholdPolicy(PolicyParams(threshold=10_000)).decide(inp).decode == expect
+
+
+def test_decode_affinity_without_any_decode_hit_is_least_loaded():
+    inp = RouteInput(5000, _decodes(d0_cached=0, d0_inflight=0, d1_inflight=0), LinkView(GBIT), 0.0, 8)
+    assert ThresholdPolicy(PolicyParams(threshold=10_000)).decide(inp).decode == "d0"  # tie: by name
+    inp = RouteInput(5000, _decodes(d0_cached=0, d0_inflight=1, d1_inflight=0), LinkView(GBIT), 0.0, 8)
+    assert ThresholdPolicy(PolicyParams(threshold=10_000)).decide(inp).decode == "d1"
