@@ -11,19 +11,17 @@ off: it then fails, cached_tokens [192, 0]).
 """
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from prfaas_sgl.launch import free_port
-from prfaas_sgl.router.app import start_router
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
 
 from .conftest import HYBRID, farm_for, spec
+from .live_router import running_router
 from .pd import generate_body, post
 from .prompts import prompt_ids
 
@@ -61,16 +59,8 @@ def router_url(farm, model_paths):
                        tokenizer_path=model_paths["hybrid"], served_model_name="tiny", context_length=8192,
                        policy="all_remote", block_size=BS, decode_affinity_slack=int(os.environ.get("PRFAAS_TEST_DECODE_SLACK", "1")), health_interval_s=60,
                        prefill_timeout_s=300, request_timeout_s=300)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="router-loop", daemon=True)
-    thread.start()
-    handle = asyncio.run_coroutine_threadsafe(start_router(cfg, seed=0, check_health_first=True), loop).result(60)
-    try:
+    with running_router(cfg) as (handle, _):
         yield handle.url
-    finally:
-        asyncio.run_coroutine_threadsafe(handle.close(), loop).result(60)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
 
 
 def _staggered(url: str, prompts: list[list[int]], gap_s: float = 0.05) -> list[dict]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -18,10 +17,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_sgl.launch import free_port
-from prfaas_sgl.router.app import RouterHandle, start_router
+from prfaas_sgl.router.app import RouterHandle
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
 
 from .conftest import HYBRID, farm_for, spec
+from .live_router import running_router
 from .prompts import prompt_ids
 from .reference import hf_greedy
 
@@ -81,16 +81,8 @@ def router(farm, model_paths):
                        tokenizer_path=model_paths["hybrid"], served_model_name="tiny", context_length=CONTEXT,
                        policy="threshold", threshold=THRESHOLD, block_size=page, health_interval_s=HEALTH_S,
                        prefill_timeout_s=300, request_timeout_s=300)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="router-loop", daemon=True)
-    thread.start()
-    handle = asyncio.run_coroutine_threadsafe(start_router(cfg, seed=0, check_health_first=True), loop).result(60)
-    try:
+    with running_router(cfg) as (handle, loop):
         yield Live(handle, loop)
-    finally:
-        asyncio.run_coroutine_threadsafe(handle.close(), loop).result(60)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
 
 
 def call(url: str, body: object, timeout: float = 300.0) -> tuple[int, dict, dict]:
