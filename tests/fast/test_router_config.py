@@ -46,6 +46,7 @@ url = "http://127.0.0.1:30002"
     ({"policy": "fastest"}, "--policy"),
     ({"low_watermark": 0.95}, "--low-watermark"),
     ({"tokenizer_path": "/nonexistent"}, "--tokenizer-path"),
+    ({"decode_affinity_slack": -2}, "--decode-affinity-slack"),
 ])
 def test_validation_names_the_flag(tmp_path, kw, flag):
     base = dict(local_prefill=("http://h:1;bootstrap=8998",), decode=("http://h:2",),
