@@ -1,8 +1,9 @@
 """Paged prefill and decode over pool-shaped pages: FlashInfer on CUDA, the torch reference on CPU.
 
 One seeded batch (pages handed out in shuffled order, as a pool does after churn), a warmup, then
-`--repeats` timed calls; the plan is made once per batch, as a serving step would. Prints one JSON
-object (median ms per call, tokens/s) that can be compared across runs on the same device kind.
+`--repeats` timed calls; the plan is made once per batch, as a serving step would. On CUDA the torch
+reference runs on the same GPU beside FlashInfer (speedup, max abs difference). Prints one JSON object
+(median ms per call, tokens/s) that can be compared across runs on the same device kind.
 Run:  /work/main/.venv/bin/python scripts/bench_paged_attention.py --device cuda --out pa.json
 """
 
@@ -19,6 +20,7 @@ from prfaas_sgl.kernels.paged_attention import (
     AttentionSpec,
     FlashInferPagedAttention,
     build_paged_batch,
+    naive_paged_attention,
     paged_decode,
     paged_prefill,
 )
@@ -72,6 +74,8 @@ def time_calls(fn, cfg: BenchConfig) -> float:
 
 
 def run(cfg: BenchConfig) -> dict:
+    """On CUDA: FlashInfer and the torch reference side by side on the same pages and queries
+    (speedup = reference ms / FlashInfer ms, and their max abs difference); on CPU: the reference."""
     dtype = getattr(torch, cfg.dtype)
     spec = AttentionSpec(cfg.num_qo_heads, cfg.num_kv_heads, cfg.head_dim, cfg.page_size)
     k, v, tables = make_pages(cfg, dtype)
@@ -83,9 +87,22 @@ def run(cfg: BenchConfig) -> dict:
         batch = build_paged_batch(tables, kv_lens, [q_len] * cfg.batch, cfg.page_size)
         q = torch.randn(q_len * cfg.batch, spec.num_qo_heads, spec.head_dim, generator=gen)
         q = q.to(dtype).to(cfg.device)
-        ms = time_calls(lambda: call(q, k, v, batch, spec, runner), cfg)  # noqa: B023 (called now)
-        results[name] = {"median_ms": round(ms, 4), "q_tokens_per_s": round(q.shape[0] / ms * 1e3, 1)}
-    return {"config": asdict(cfg), "path": "flashinfer" if runner else "torch-naive", **results}
+        ref_ms = time_calls(lambda: naive_paged_attention(q, k, v, batch, spec), cfg)  # noqa: B023
+        row = {"reference_median_ms": round(ref_ms, 4),
+               "reference_q_tokens_per_s": round(q.shape[0] / ref_ms * 1e3, 1)}
+        if runner is not None:
+            ms = time_calls(lambda: call(q, k, v, batch, spec, runner), cfg)  # noqa: B023 (called now)
+            diff = (call(q, k, v, batch, spec, runner).float()
+                    - naive_paged_attention(q, k, v, batch, spec).float()).abs().max().item()
+            row |= {"flashinfer_median_ms": round(ms, 4),
+                    "flashinfer_q_tokens_per_s": round(q.shape[0] / ms * 1e3, 1),
+                    "speedup_vs_reference": round(ref_ms / ms, 2), "max_abs_diff": diff}
+        results[name] = row
+    return {"config": asdict(cfg), "device_name": _device_name(cfg.device), **results}
+
+
+def _device_name(device: str) -> str:
+    return torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
 
 
 def main() -> None:

@@ -18,6 +18,12 @@ import torch
 from .spec import AttentionSpec, PagedBatch
 
 DEFAULT_WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace (split-k partials)
+# Head dims whose paged prefill and decode were checked against the reference on an H100 (see the
+# GPU tests). FlashInfer 0.7.2 itself validates nothing: its FA2 prefill faults (illegal memory
+# access, which poisons the CUDA context) for head dims that are not multiples of 64, e.g. 80, and
+# returns wrong numbers for ones not a multiple of 16 (flashinfer-ai/flashinfer#4299, seen here
+# with head_dim 80), so the wrapper refuses them before any kernel is planned.
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +79,7 @@ class FlashInferPagedAttention:
             self._prefill = self._fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
         w = self._prefill
         if self._plans.stale("prefill", batch, spec, q.dtype, k_cache.dtype):
+            check_supported(spec)
             w.plan(batch.qo_indptr, batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len,
                    spec.num_qo_heads, spec.num_kv_heads, spec.head_dim, spec.page_size,
                    causal=True, **_common_plan_args(spec, q, k_cache))
@@ -88,10 +95,20 @@ class FlashInferPagedAttention:
                                                             use_tensor_cores=tensor_cores)
             self._decode[tensor_cores] = w
         if self._plans.stale(f"decode-tc{int(tensor_cores)}", batch, spec, q.dtype, k_cache.dtype):
+            check_supported(spec)
             w.plan(batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len,
                    spec.num_qo_heads, spec.num_kv_heads, spec.head_dim, spec.page_size,
                    **_common_plan_args(spec, q, k_cache))
         return w.run(q, (k_cache, v_cache), out=out)
+
+
+def check_supported(spec: AttentionSpec) -> None:
+    """Raise before planning a head dim FlashInfer would fault on or get wrong (every new spec
+    replans, so checking at plan time covers each call)."""
+    if spec.head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"FlashInfer paged attention supports head_dim in {SUPPORTED_HEAD_DIMS}, got "
+                         f"{spec.head_dim} (flashinfer 0.7.2 faults or returns wrong results for it); "
+                         f"run this layer with kernels.paged_attention.naive instead")
 
 
 def _common_plan_args(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor) -> dict[str, Any]:

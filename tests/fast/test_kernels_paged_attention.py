@@ -18,7 +18,12 @@ from prfaas_sgl.kernels.paged_attention import (
     paged_prefill,
     pool_kv_cache,
 )
-from prfaas_sgl.kernels.paged_attention.flashinfer import PlanCache, use_tensor_cores
+from prfaas_sgl.kernels.paged_attention.flashinfer import (
+    SUPPORTED_HEAD_DIMS,
+    PlanCache,
+    check_supported,
+    use_tensor_cores,
+)
 
 TOL = 1e-5
 NO_GPU = "FlashInfer kernels need a CUDA GPU; this machine has none"
@@ -211,10 +216,21 @@ def test_out_argument_is_written():
 # -- GPU: FlashInfer vs the reference ------------------------------------------------------------
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
 GPU_TOL = {torch.float16: 1e-2, torch.bfloat16: 2e-2}
+# FlashInfer takes head dims 64/128/256 only (see SUPPORTED_HEAD_DIMS), so the GPU cases keep the CPU
+# cases' awkward page sizes, raggedness, windows and soft caps with d=128 where those used d=80.
+# Every case runs in bf16; the ragged one also in fp16 (each dtype/variant is a separate JIT build).
+PREFILL_GPU_CASES = {
+    "page1-decode-and-append": CASES["page1-decode-and-append"],
+    "page16-ragged-d128": (16, 128, 8, 2, [(1, 37), (20, 20), (17, 50), (5, 16)], -1, 0.0),
+    "page16-window": CASES["page16-window"],
+    "page4-d128-window-softcap": (4, 128, 4, 1, [(9, 9), (1, 13), (6, 23)], 5, 2.0),
+    "page16-mha-qlen-gt-page": CASES["page16-mha-qlen-gt-page"],
+}
+PREFILL_GPU_PARAMS = [(c, torch.bfloat16) for c in PREFILL_GPU_CASES] + [("page16-ragged-d128", torch.float16)]
 DECODE_CASES = {  # (q_len 1 everywhere) GQA 4 takes the tensor-core decode path, GQA 2 the CUDA-core one
     "decode-gqa4-page1": (1, 64, 8, 2, [(1, 1), (1, 9), (1, 33)], -1, 0.0),
     "decode-gqa2-page16-window": (16, 128, 4, 2, [(1, 16), (1, 17), (1, 70)], 20, 0.0),
-    "decode-gqa4-d80-softcap": (16, 80, 8, 2, [(1, 5), (1, 50)], -1, 2.0),
+    "decode-gqa4-d128-window-softcap": (16, 128, 8, 2, [(1, 5), (1, 50)], 9, 2.0),
 }
 
 
@@ -223,17 +239,34 @@ def runner():
     return FlashInferPagedAttention("cuda")
 
 
+def test_flashinfer_refuses_head_dims_it_would_get_wrong():
+    """Runs on CPU: the check is what stands between a d=80 layer and a CUDA illegal memory access."""
+    for d in SUPPORTED_HEAD_DIMS:
+        check_supported(AttentionSpec(8, 2, d, 16))
+    for d in (80, 96, 72):
+        with pytest.raises(ValueError, match=rf"supports head_dim in \(64, 128, 256\), got {d}"):
+            check_supported(AttentionSpec(8, 2, d, 16))
+
+
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("dtype", list(GPU_TOL), ids=str)
-@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+@pytest.mark.parametrize(("case", "dtype"), PREFILL_GPU_PARAMS, ids=[f"{c}-{d}" for c, d in PREFILL_GPU_PARAMS])
 def test_flashinfer_prefill_matches_naive(case, dtype, runner):
-    _compare_on_gpu(runner, CASES[case], dtype, paged_prefill)
+    _compare_on_gpu(runner, PREFILL_GPU_CASES[case], dtype, paged_prefill)
 
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("dtype", list(GPU_TOL), ids=str)
+def test_flashinfer_raises_on_head_dim_80_before_any_kernel(runner):
+    q, k_cache, v_cache, batch, _ = make_inputs(16, 80, 8, 2, [(3, 20)], dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="got 80"):
+        paged_prefill(q.cuda(), k_cache.cuda(), v_cache.cuda(), batch, AttentionSpec(8, 2, 80, 16), runner)
+    torch.cuda.synchronize()  # the context is still healthy: nothing was launched
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", list(DECODE_CASES), ids=list(DECODE_CASES))
 def test_flashinfer_decode_matches_naive(case, dtype, runner):
     _compare_on_gpu(runner, DECODE_CASES[case], dtype, paged_decode)
