@@ -1,11 +1,15 @@
-"""Match + allocate + free throughput of the hybrid cache pool vs SGLang 0.5.23's RadixCache.
+"""Match + allocate + free throughput of the hybrid cache pool vs SGLang 0.5.23's radix trees.
 
 Both replay the same seeded trace (shared system prompts and documents, multi-turn follow-ups, contexts
 up to 128K tokens, 64-token blocks) with a fixed number of requests in flight. Per request:
   match    ours: hash + hybrid prefix lookup inside admit()   SGLang: match_prefix + inc_lock_ref
   allocate ours: the rest of admit() (refs, blocks, eviction)  SGLang: evict + allocator.alloc
   free     ours: commit() + free()                            SGLang: insert + free dups/tail + dec_lock_ref
-Run:  /work/main/.venv/bin/python scripts/bench_cachepool.py --out results.json
+SGLang's trees: RadixCache and UnifiedRadixCache (FULL) at page 64 against our full-attention-only pool,
+and its hybrid tree (UnifiedRadixCache FULL+MAMBA, page 1) against our hybrid pool on the same total
+memory (bench_cachepool_sglang_hybrid.py says how the scheduler's calls are replayed).
+Run on a quiet machine: SGLang's trees do torch ops per request and slow down far more than ours under load.
+Run:  PYTHONPATH=.venv/lib/python3.11/site-packages .venv/bin/python -S scripts/bench_cachepool.py --out r.json
 (no SGLang installed -> ours only). Prints one JSON object.
 """
 from __future__ import annotations
@@ -203,6 +207,19 @@ def run_sglang(cfg: BenchConfig, trace: list[list[int]], kind: str) -> dict:
         getattr(cache, "tree_core", cache)).__name__})
 
 
+def run_sglang_hybrid(cp, cfg: BenchConfig, trace: list[list[int]]) -> dict:
+    """SGLang's Mamba tree on the same trace and the same total memory as our hybrid pool (see
+    bench_cachepool_sglang_hybrid.py for what is replayed and how memory is split)."""
+    import bench_cachepool_sglang_hybrid as peer
+
+    layout = hybrid_layout(cp, cfg)
+    attn, gdn = layout.groups
+    kv_tokens, slots = peer.memory_split(cfg.num_blocks * layout.block_bytes,
+                                         attn.num_layers * attn.kv_bytes_per_token,
+                                         gdn.num_layers * gdn.state_bytes)
+    return peer.run(cfg, trace, Timer, summarize, kv_tokens, slots)
+
+
 def summarize(timer: Timer, cfg: BenchConfig, extra: dict | None = None) -> dict:
     n = cfg.requests - cfg.warmup
     total = sum(timer.t.values())
@@ -287,6 +304,7 @@ def main() -> None:
         result["sglang_version"] = sglang.__version__
         for kind in ("radix", "unified"):
             result[f"sglang_{kind}"] = median_run(cfg, lambda: run_sglang(cfg, trace, kind))
+        result["sglang_hybrid"] = median_run(cfg, lambda: run_sglang_hybrid(cp, cfg, trace))
         result["sglang_memory"] = sglang_memory_per_block(cfg)
     except ImportError as e:
         result["sglang"] = f"not run: {e}"
