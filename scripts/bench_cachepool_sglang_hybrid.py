@@ -15,6 +15,7 @@ What the scheduler does per request, and what is replayed here (tree operations 
 Memory is split as SGLang does by default (`--mamba-full-memory-ratio 0.9`: state memory = 0.9 x full KV
 memory) out of the same total our pool gets. The state tensors are 1-layer stand-ins: the tree never
 reads them, a cached state costs one slot either way, and the slot count is what the real size buys.
+Imports SGLang at module level: bench_cachepool imports this module only once `import sglang` worked.
 """
 
 from __future__ import annotations
@@ -23,6 +24,15 @@ import time
 from array import array
 
 import torch
+from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+from sglang.srt.mem_cache.radix_cache import RadixKey
+from sglang.srt.mem_cache.unified_cache.components import ComponentType
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 MAMBA_FULL_MEMORY_RATIO = 0.9  # SGLang's fallback for --mamba-full-memory-ratio
 
@@ -35,15 +45,6 @@ def memory_split(total_bytes: int, kv_bytes_per_token: int, state_bytes: int) ->
 
 def build(kv_tokens: int, mamba_slots: int, max_context: int, in_flight: int):
     """(KV allocator, request pool, tree), as SGLang's scheduler wires them, on the CPU."""
-    import torch
-    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
-    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
-    from sglang.srt.mem_cache.unified_cache.components import ComponentType
-    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-
     args = ServerArgs(model_path="dummy", page_size=1)
     args._mamba_cache_chunk_size = 64  # what SGLang's fixtures pre-seed so no HF config is loaded
     set_global_server_args_for_scheduler(args)
@@ -68,29 +69,23 @@ class HybridReplay:
     """One pass of the trace through SGLang's hybrid tree; `timer` is bench_cachepool's Timer."""
 
     def __init__(self, cfg, timer, kv_tokens: int, mamba_slots: int) -> None:
-        from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
-        from sglang.srt.mem_cache.radix_cache import RadixKey
-
-        self.P = (EvictParams, InsertParams, MatchPrefixParams, RadixKey)
         self.cfg, self.timer = cfg, timer
         self.kv_tokens, self.mamba_slots = kv_tokens, mamba_slots
         self.alloc, self.pool, self.cache = build(kv_tokens, mamba_slots, cfg.max_context, cfg.in_flight)
 
     def slot(self):
         """One Mamba slot, evicting a cached state when none is free (as the scheduler does)."""
-        evict_params = self.P[0]
         s = self.pool.mamba_allocator.alloc(1)
         if s is None:
-            self.cache.evict(evict_params(num_tokens=0, mamba_num=1))
+            self.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
             s = self.pool.mamba_allocator.alloc(1)
         assert s is not None, "no Mamba slot even after eviction"
         return s
 
     def start(self, prompt: list[int], timed: bool):
-        evict_params, _, match_params, radix_key = self.P
         pc, t = time.perf_counter, self.timer
         t0 = pc()
-        m = self.cache.match_prefix(match_params(key=radix_key(array("q", prompt[:-1]))))
+        m = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", prompt[:-1]))))
         node = m.last_device_node
         lock = self.cache.inc_lock_ref(node)
         prefix_len = m.device_prefix_len
@@ -99,7 +94,7 @@ class HybridReplay:
         t1 = pc()
         need = len(prompt) - prefix_len
         if self.alloc.available_size() < need:
-            self.cache.evict(evict_params(num_tokens=need - self.alloc.available_size()))
+            self.cache.evict(EvictParams(num_tokens=need - self.alloc.available_size()))
         fresh = self.alloc.alloc(need)
         if fresh is None:  # running requests pin too much: the scheduler would hold this one back
             self.pool.mamba_allocator.free(own)
@@ -115,7 +110,6 @@ class HybridReplay:
 
     def finish(self, prompt, node, lock, prefix_len, branching, values, own) -> int:
         """Cache the states chunked prefill leaves behind; returns how many inserts ran."""
-        _, insert_params, _, radix_key = self.P
         n, step = len(prompt), self.cfg.checkpoint_interval
         ends = set(range(prefix_len + step, n, step)) | {n}
         if branching is not None and prefix_len < branching < n:
@@ -123,8 +117,8 @@ class HybridReplay:
         prev = prefix_len
         for end in sorted(ends):
             state = own if end == n else self.slot()  # intermediate chunks cache a copy of the state
-            r = self.cache.insert(insert_params(key=radix_key(array("q", prompt[:end])), value=values[:end],
-                                                mamba_value=state, prev_prefix_len=prev))
+            r = self.cache.insert(InsertParams(key=RadixKey(array("q", prompt[:end])), value=values[:end],
+                                               mamba_value=state, prev_prefix_len=prev))
             if r.mamba_exist:  # the tree already holds a state there: ours goes back
                 self.pool.mamba_allocator.free(state)
             prev = end
