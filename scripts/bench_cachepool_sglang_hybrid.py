@@ -136,23 +136,25 @@ def run(cfg, trace: list[list[int]], timer_cls, summarize, kv_tokens: int, mamba
     timer = timer_cls()
     rep = HybridReplay(cfg, timer, kv_tokens, mamba_slots)
     live, inserts = [], 0
-    pc = time.perf_counter
+
+    def finish_oldest(timed: bool) -> None:
+        nonlocal inserts
+        t0 = time.perf_counter()
+        inserts += rep.finish(*live.pop(0))
+        timer.t["free"] += (time.perf_counter() - t0) * timed
+
     for i, prompt in enumerate(trace):
         timed = i >= cfg.warmup
         if len(live) == cfg.in_flight:
-            t0 = pc()
-            inserts += rep.finish(*live.pop(0))
-            timer.t["free"] += (pc() - t0) * timed
+            finish_oldest(timed)
         while True:
             try:
                 live.append(rep.start(prompt, timed))
                 break
             except NoRoom:  # wait for the oldest running request, as the scheduler would
-                t0 = pc()
-                inserts += rep.finish(*live.pop(0))
-                timer.t["free"] += (pc() - t0) * timed
-    for item in live:
-        inserts += rep.finish(*item)
+                finish_oldest(timed)
+    while live:
+        finish_oldest(False)
     rep.check_drained()
     return summarize(timer, cfg, extra={
         "tree": f"{type(rep.cache).__name__}/{type(rep.cache.tree_core).__name__} FULL+MAMBA, page 1",

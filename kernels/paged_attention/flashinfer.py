@@ -75,11 +75,11 @@ class FlashInferPagedAttention:
     def prefill(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 batch: PagedBatch, spec: AttentionSpec, out: torch.Tensor | None = None) -> torch.Tensor:
         """Causal attention of q [total_q, Hq, D] over NHD pages; see `paged_prefill`."""
+        check_supported(spec)
         if self._prefill is None:
             self._prefill = self._fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
         w = self._prefill
         if self._plans.stale("prefill", batch, spec, q.dtype, k_cache.dtype):
-            check_supported(spec)
             w.plan(batch.qo_indptr, batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len,
                    spec.num_qo_heads, spec.num_kv_heads, spec.head_dim, spec.page_size,
                    causal=True, **_common_plan_args(spec, q, k_cache))
@@ -88,6 +88,7 @@ class FlashInferPagedAttention:
     def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                batch: PagedBatch, spec: AttentionSpec, out: torch.Tensor | None = None) -> torch.Tensor:
         """One query per request, q [B, Hq, D]; see `paged_decode`."""
+        check_supported(spec)
         tensor_cores = use_tensor_cores(spec, k_cache.dtype)
         w = self._decode.get(tensor_cores)
         if w is None:
@@ -95,7 +96,6 @@ class FlashInferPagedAttention:
                                                             use_tensor_cores=tensor_cores)
             self._decode[tensor_cores] = w
         if self._plans.stale(f"decode-tc{int(tensor_cores)}", batch, spec, q.dtype, k_cache.dtype):
-            check_supported(spec)
             w.plan(batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len,
                    spec.num_qo_heads, spec.num_kv_heads, spec.head_dim, spec.page_size,
                    **_common_plan_args(spec, q, k_cache))
@@ -103,8 +103,9 @@ class FlashInferPagedAttention:
 
 
 def check_supported(spec: AttentionSpec) -> None:
-    """Raise before planning a head dim FlashInfer would fault on or get wrong (every new spec
-    replans, so checking at plan time covers each call)."""
+    """Raise before a head dim FlashInfer would fault on or get wrong reaches it. Checked on every
+    call, ahead of the plan cache: checking only when replanning would let a retry with the same
+    batch and spec find the key already recorded and run on the previous plan."""
     if spec.head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"FlashInfer paged attention supports head_dim in {SUPPORTED_HEAD_DIMS}, got "
                          f"{spec.head_dim} (flashinfer 0.7.2 faults or returns wrong results for it); "
