@@ -8,16 +8,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 from urllib.parse import urlparse
 
 import aiohttp
 
 from .config import InstanceSpec, RouterConfig
+from .link_stats import Sample, combine_samples, count, link_sample, short
 from .policy import InstanceView, LinkView, Pool, RouteInput
 from .prefix_index import ApproxIndex, ExactIndex
 
 log = logging.getLogger(__name__)
+
+# failed polls, by what failed: an instance's /v1/loads, the transport stats, a whole round (a bug)
+POLL_ERROR_KINDS = ("loads", "link_stats", "round")
 
 
 @dataclass(slots=True)
@@ -74,6 +78,11 @@ class LinkState:
     def done(self, tid: int) -> None:
         self.transfers.pop(tid, None)
 
+    def measured(self, sample: Sample | None) -> None:
+        """A transport stats sample (see ``link_sample``), or None: no usable stats, goodput unknown (0)."""
+        self.goodput_bps, self.queue_delay_s = (sample[0], sample[1]) if sample else (0.0, 0.0)
+        self.stats_ok = sample is not None
+
     def split(self, now: float) -> tuple[float, float]:
         """(bytes in flight, bytes queued) at monotonic time ``now``."""
         moving = queued = 0.0
@@ -94,6 +103,8 @@ class Cluster:
     cfg: RouterConfig
     instances: dict[str, Instance] = field(default_factory=dict)
     link: LinkState = field(init=False)
+    poll_errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(POLL_ERROR_KINDS, 0))
+    poll_failing: dict[str, str] = field(default_factory=dict)  # "kind who" -> why its last poll failed
 
     def __post_init__(self) -> None:
         self.link = LinkState(self.cfg.link_gbps * 1e9)
@@ -115,61 +126,133 @@ class Cluster:
 # ---------------------------------------------------------------- pollers
 
 
-async def _get_json(session: aiohttp.ClientSession, url: str, timeout_s: float) -> dict | None:
+class PollError(Exception):
+    """A poll got no usable answer (connection, status, body); the poller counts it and goes on."""
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str, timeout_s: float) -> Any:
+    """Parsed JSON body of ``GET url``; raises PollError. A JSON ``null`` is returned as None, not an error."""
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             if r.status != 200:
-                return None
+                raise PollError(f"HTTP {r.status}")
             return await r.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-        return None
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        raise PollError(f"{type(e).__name__}: {e}") from e
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        raise PollError(f"not JSON: {e}") from e
 
 
-def apply_loads(inst: Instance, payload: dict) -> None:
-    """Fold a ``GET /v1/loads?include=core`` answer (one entry per DP rank) into ``inst``."""
-    loads = payload.get("loads") or []
-    reqs = sum(int(x.get("num_running_reqs", 0)) + int(x.get("num_waiting_reqs", 0)) for x in loads)
+def apply_loads(inst: Instance, payload: Any) -> None:
+    """Fold a ``GET /v1/loads?include=core`` answer (one entry per DP rank) into ``inst``.
+
+    Raises ValueError (and changes nothing) unless the answer is ``{"loads": [{...}, ...]}`` with counts.
+    """
+    loads = payload.get("loads") if isinstance(payload, dict) else None
+    if not isinstance(loads, list) or not all(isinstance(x, dict) for x in loads):
+        raise ValueError(f"expected {{'loads': [objects]}}, got {short(payload)}")
     key = "num_used_tokens" if inst.pool == "decode" else "num_waiting_uncached_tokens"
-    inst.server_queued_tokens = sum(int(x.get(key, 0)) for x in loads)
+    reqs = sum(count(x.get("num_running_reqs", 0), "num_running_reqs")
+               + count(x.get("num_waiting_reqs", 0), "num_waiting_reqs") for x in loads)
+    inst.server_queued_tokens = sum(count(x.get(key, 0), key) for x in loads)
     inst.server_reqs = reqs
 
 
-def apply_link_stats(link: LinkState, payload: dict) -> None:
-    """Transport stats JSON: ``goodput_bps`` (bits/s) and ``queue_delay_s``; other keys ignored.
+def apply_link_stats(link: LinkState, payload: Any) -> None:
+    """Fold one transport stats answer into ``link``.
 
-    Either may be a number or, as prfaas_sgl.transfer's snapshot writes them, a dict: goodput per window
-    (``{"1s": .., "10s": ..}``, the shortest window is used) and a queue-delay summary (its ``mean``).
+    A malformed or empty answer raises ValueError and leaves ``stats_ok=False`` with goodput and delay 0
+    ("unknown": the policy then drains at capacity instead of trusting a stale number). See ``link_sample``.
     """
-    link.goodput_bps = _stat(payload.get("goodput_bps", 0.0), "goodput")
-    link.queue_delay_s = _stat(payload.get("queue_delay_s", 0.0), "delay")
-    link.stats_ok = True
+    try:
+        sample = link_sample(payload)
+    except ValueError:
+        link.measured(None)
+        raise
+    link.measured(sample)
 
 
-def _stat(value, kind: str) -> float:
-    if not isinstance(value, dict):
-        return float(value)
-    if kind == "delay":
-        return float(value.get("mean", 0.0))
-    windows = {float(k.rstrip("s")): v for k, v in value.items()}
-    return float(windows[min(windows)]) if windows else 0.0
+# ---------------------------------------------------------------- polling rounds
+
+
+async def _answer(session: aiohttp.ClientSession, url: str, timeout_s: float) -> tuple[Any, str]:
+    """(body, "") or (None, why it failed)."""
+    try:
+        return await _get_json(session, url, timeout_s), ""
+    except PollError as e:
+        return None, f"{url}: {e}"
+
+
+def stats_urls(text: str) -> list[str]:
+    """``transport_stats_url`` may list several endpoints (one per PrfaaS prefill / TP rank), comma-separated."""
+    return [u.strip() for u in text.split(",") if u.strip()]
+
+
+async def poll_link(cluster: Cluster, session: aiohttp.ClientSession, timeout_s: float) -> None:
+    """One read of every transport stats URL into ``cluster.link``; all must answer for stats to count."""
+    urls = stats_urls(cluster.cfg.transport_stats_url)
+    if not urls:
+        return
+    answers = await asyncio.gather(*(_answer(session, u, timeout_s) for u in urls))
+    try:
+        sample = combine_samples([_sample_of(url, body, why) for url, (body, why) in zip(urls, answers)])
+    except ValueError as e:
+        cluster.link.measured(None)
+        report_poll_error(cluster, "link_stats", "transport", str(e))
+        return
+    cluster.link.measured(sample)
+    poll_recovered(cluster, "link_stats", "transport")
+
+
+def _sample_of(url: str, body: Any, why: str) -> Sample:
+    if why:
+        raise ValueError(why)
+    try:
+        return link_sample(body)
+    except ValueError as e:
+        raise ValueError(f"{url}: {e}") from e
+
+
+async def poll_loads_once(cluster: Cluster, session: aiohttp.ClientSession) -> None:
+    """``GET /v1/loads`` of every healthy instance, then the transport stats; bad answers are counted."""
+    timeout = cluster.cfg.loads_interval_s
+    insts = [i for i in cluster.instances.values() if i.healthy]
+    urls = [f"{i.spec.url}/v1/loads?include=core" for i in insts]
+    answers = await asyncio.gather(*(_answer(session, u, timeout) for u in urls))
+    for inst, (body, why) in zip(insts, answers):
+        try:
+            if why:
+                raise ValueError(why)
+            apply_loads(inst, body)
+        except ValueError as e:
+            report_poll_error(cluster, "loads", inst.name, str(e))
+            continue
+        poll_recovered(cluster, "loads", inst.name)
+    await poll_link(cluster, session, timeout)
 
 
 async def poll_loads(cluster: Cluster, session: aiohttp.ClientSession) -> None:
-    interval = cluster.cfg.loads_interval_s
+    """Runs for the router's lifetime: nothing an instance answers, and no bug in one round, ends it."""
     while True:
-        insts = [i for i in cluster.instances.values() if i.healthy]
-        urls = [f"{i.spec.url}/v1/loads?include=core" for i in insts]
-        results = await asyncio.gather(*(_get_json(session, u, interval) for u in urls))
-        for inst, res in zip(insts, results):
-            if res is not None:
-                apply_loads(inst, res)
-        if cluster.cfg.transport_stats_url:
-            res = await _get_json(session, cluster.cfg.transport_stats_url, interval)
-            if res is not None:
-                apply_link_stats(cluster.link, res)
-            else:
-                cluster.link.stats_ok = False
-        await asyncio.sleep(interval)
+        try:
+            await poll_loads_once(cluster, session)
+        except Exception as e:  # noqa: BLE001 - without this loop every instance's load goes stale
+            report_poll_error(cluster, "round", "poller", f"{type(e).__name__}: {e}", exc_info=True)
+        await asyncio.sleep(cluster.cfg.loads_interval_s)
+
+
+def report_poll_error(cluster: Cluster, kind: str, who: str, why: str, exc_info: bool = False) -> None:
+    """Count one failed poll (``cluster.poll_errors[kind]``); log only when ``who``'s reason changes, since a
+    broken endpoint fails every interval."""
+    cluster.poll_errors[kind] = cluster.poll_errors.get(kind, 0) + 1
+    if cluster.poll_failing.get(f"{kind} {who}") != why:
+        log.warning("%s poll of %s failed: %s", kind, who, why, exc_info=exc_info)
+    cluster.poll_failing[f"{kind} {who}"] = why
+
+
+def poll_recovered(cluster: Cluster, kind: str, who: str) -> None:
+    if cluster.poll_failing.pop(f"{kind} {who}", None) is not None:
+        log.warning("%s poll of %s answers again", kind, who)
 
 
 async def check_health(cluster: Cluster, session: aiohttp.ClientSession) -> None:

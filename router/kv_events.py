@@ -61,8 +61,10 @@ def apply_batch(index: ExactIndex, batch: KVEventBatch) -> None:
 class KVEventSubscriber:
     """One SUB socket in the router's event loop, feeding one ``ExactIndex``.
 
-    A sequence gap means events were dropped (PUB drops on slow subscribers): the index may then claim
-    blocks the server evicted; we count gaps (metric) rather than guess.
+    A sequence gap means events were dropped (PUB drops on slow subscribers, a reconnect, a restarted
+    server whose numbering starts over): lost ``BlockRemoved`` events would leave the index claiming blocks
+    the server evicted, forever. So a gap, or a batch we cannot decode, clears the index; it refills from
+    the events that follow (blocks whose parents we never saw stay out, counted as orphans).
     """
 
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, index: ExactIndex) -> None:
@@ -73,6 +75,7 @@ class KVEventSubscriber:
         self.sock.connect(endpoint)
         self.last_seq: int | None = None
         self.gaps = 0
+        self.resyncs = 0  # times the index was cleared because events were lost
         self.task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -80,19 +83,31 @@ class KVEventSubscriber:
 
     async def run(self) -> None:
         while True:
-            frames = await self.sock.recv_multipart()
-            if len(frames) != 3:
-                log.warning("kv events %s: expected 3 frames, got %d", self.endpoint, len(frames))
-                continue
-            _topic, seq_raw, payload = frames
-            seq = int.from_bytes(seq_raw, "big")
-            if self.last_seq is not None and seq != self.last_seq + 1:
-                self.gaps += 1
-            self.last_seq = seq
-            try:
-                apply_batch(self.index, DECODER.decode(payload))
-            except msgspec.DecodeError as e:
-                log.warning("kv events %s: undecodable batch seq=%d: %s", self.endpoint, seq, e)
+            self.handle(await self.sock.recv_multipart())
+
+    def handle(self, frames: list[bytes]) -> None:
+        """Apply one ``[topic, seq, payload]`` message."""
+        if len(frames) != 3:
+            log.warning("kv events %s: expected 3 frames, got %d", self.endpoint, len(frames))
+            return
+        _topic, seq_raw, payload = frames
+        seq = int.from_bytes(seq_raw, "big")
+        if self.last_seq is not None and seq != self.last_seq + 1:
+            self.gaps += 1
+            self._resync(f"sequence gap {self.last_seq} -> {seq}")
+        self.last_seq = seq
+        try:
+            batch = DECODER.decode(payload)
+        except msgspec.DecodeError as e:
+            self._resync(f"undecodable batch seq={seq}: {e}")
+            return
+        apply_batch(self.index, batch)
+
+    def _resync(self, why: str) -> None:
+        log.warning("kv events %s: %s; clearing the prefix index (%d blocks) to refill from new events",
+                    self.endpoint, why, len(self.index))
+        self.index.cleared()
+        self.resyncs += 1
 
     async def close(self) -> None:
         if self.task:

@@ -1,0 +1,174 @@
+"""Telemetry reaching the router: transport link stats (issue 12 M8) and KV-event resync (L3)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import msgspec
+import pytest
+import zmq
+import zmq.asyncio
+from aiohttp import web
+
+from prfaas_sgl.router.cluster import Cluster, LinkState, apply_link_stats, poll_loads
+from prfaas_sgl.router.config import InstanceSpec, RouterConfig
+from prfaas_sgl.router.kv_events import BlockStored, KVEventBatch, KVEventSubscriber
+from prfaas_sgl.router.prefix_index import ExactIndex
+from prfaas_sgl.transfer.stats import StatsBook
+
+pytestmark = pytest.mark.timeout(60)
+MB = 1_000_000
+
+
+def _book_with_traffic(per_peer: dict[str, int], queued_s: float = 0.02) -> StatsBook:
+    book = StatsBook()
+    now = time.monotonic()
+    for peer, nbytes in per_peer.items():
+        s = book.link(peer)
+        s.on_send(nbytes, queued_s)
+        s.on_ack(nbytes, now)
+    return book
+
+
+def test_transport_snapshot_gives_the_router_the_real_numbers():
+    """M8: the snapshot nests links under "links"; the router used to read 0 goodput and call it ok."""
+    link = LinkState(1e9)
+    apply_link_stats(link, _book_with_traffic({"10.0.0.2:7000": 5 * MB}).snapshot())
+    assert link.stats_ok
+    assert link.goodput_bps == pytest.approx(8 * 5 * MB)  # over the 1 s window
+    assert link.queue_delay_s == pytest.approx(0.02)
+
+
+def test_all_peers_of_the_prefill_add_up_on_the_one_inter_dc_link():
+    book = _book_with_traffic({"10.0.0.2:7000": 3 * MB, "10.0.0.3:7000": 1 * MB})
+    book.link("10.0.0.4:7000").on_send(MB, 0.5)  # one delayed chunk, not acknowledged yet
+    link = LinkState(1e9)
+    apply_link_stats(link, book.snapshot())
+    assert link.goodput_bps == pytest.approx(8 * 4 * MB)
+    assert link.queue_delay_s == pytest.approx((0.02 + 0.02 + 0.5) / 3)  # mean over all chunks
+
+
+def test_a_transport_that_sent_nothing_yet_is_measured_zero():
+    link = LinkState(1e9)
+    apply_link_stats(link, StatsBook().snapshot())
+    assert (link.goodput_bps, link.queue_delay_s, link.stats_ok) == (0.0, 0.0, True)
+
+
+@pytest.mark.parametrize("payload", [
+    [], None, "ok", {}, {"links": []}, {"links": {"p": None}}, {"links": {"p": {"queue_delay_s": 0.1}}},
+    {"goodput_bps": None}, {"goodput_bps": "fast"}, {"goodput_bps": {}}, {"goodput_bps": {"abc": 1}},
+    {"goodput_bps": -5.0}, {"goodput_bps": float("nan")}, {"goodput_bps": True},
+    {"goodput_bps": 1e9, "queue_delay_s": {"n": 2}}, {"goodput_bps": 1e9, "queue_delay_s": [1]},
+])
+def test_missing_or_malformed_stats_are_not_trusted(payload):
+    link = LinkState(1e9, goodput_bps=7e8, stats_ok=True)
+    with pytest.raises(ValueError):
+        apply_link_stats(link, payload)
+    assert not link.stats_ok
+
+
+# ---------------------------------------------------------------- the poller survives bad answers
+
+
+class Answers:
+    """A tiny server whose /v1/loads and /stats answer with whatever the test puts in ``body``."""
+
+    def __init__(self) -> None:
+        self.loads: bytes = b"[]"
+        self.stats: bytes = b"[]"
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_get("/v1/loads", lambda _: web.Response(body=self.loads))
+        app.router.add_get("/stats", lambda _: web.Response(body=self.stats))
+        app.router.add_get("/health", lambda _: web.Response(text="ok"))
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        return f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+
+
+GOOD_LOADS = {"loads": [{"num_running_reqs": 2, "num_waiting_reqs": 1, "num_waiting_uncached_tokens": 300,
+                         "num_used_tokens": 50}]}
+BAD = [b"[]", b"null", b"not json", b'{"loads": 5}', b'{"loads": [null]}', b'{"loads": [{"num_used_tokens": "x"}]}',
+       b'{"links": {"p": {"goodput_bps": {"abc": 1}}}}', b'{"goodput_bps": null}', b'"x"']
+
+
+async def _poller_scenario(tmp_path) -> None:
+    srv = Answers()
+    url = await srv.start()
+    (tmp_path / "tokenizer.json").write_text("{}")
+    spec = InstanceSpec(url, bootstrap_port=1)
+    cluster = Cluster(RouterConfig(prfaas=(spec,), decode=(InstanceSpec(url),), tokenizer_path=str(tmp_path),
+                                   loads_interval_s=0.02, transport_stats_url=f"{url}/stats"))
+    import aiohttp
+    async with aiohttp.ClientSession() as session:
+        task = asyncio.create_task(poll_loads(cluster, session))
+        try:
+            for body in BAD:
+                srv.loads = srv.stats = body
+                await asyncio.sleep(0.1)
+                assert not task.done(), f"poller died on {body!r}: {task.exception() if task.done() else ''}"
+                assert not cluster.link.stats_ok
+            errors = dict(cluster.poll_errors)
+            assert errors["loads"] >= len(BAD) and errors["link_stats"] >= len(BAD)
+            srv.loads = json.dumps(GOOD_LOADS).encode()
+            srv.stats = json.dumps(_book_with_traffic({"10.0.0.2:7000": MB}).snapshot()).encode()
+            await asyncio.sleep(0.1)
+            assert cluster.link.stats_ok and cluster.link.goodput_bps > 0
+            assert cluster.instances["prfaas0"].server_queued_tokens == 300
+            assert cluster.instances["decode0"].server_queued_tokens == 50
+            assert cluster.instances["decode0"].server_reqs == 3
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    await srv.runner.cleanup()
+
+
+def test_poller_survives_garbage_answers_and_counts_them(tmp_path):
+    """M8: a JSON array at the stats URL used to end load polling for every instance, silently."""
+    asyncio.run(_poller_scenario(tmp_path))
+
+
+# ---------------------------------------------------------------- L3: KV events resync after a gap
+
+
+def _batch(*hashes: int, parent: int | None = None) -> bytes:
+    ev = BlockStored(block_hashes=list(hashes), parent_block_hash=parent,
+                     token_ids=list(range(4 * len(hashes))), block_size=4)
+    return msgspec.msgpack.encode(KVEventBatch(0.0, [ev]))
+
+
+async def _gap_scenario() -> tuple[int, int]:
+    ctx = zmq.asyncio.Context()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    index = ExactIndex(4)
+    sub = KVEventSubscriber(ctx, f"tcp://127.0.0.1:{port}", index)
+    sub.start()
+    seq = 100
+
+    async def publish(payload: bytes, step: int = 1) -> None:
+        nonlocal seq
+        seq += step
+        await pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+        await asyncio.sleep(0.05)
+
+    try:
+        while len(index) == 0:  # PUB drops until the SUB has joined: repeat a root block until one lands
+            await publish(_batch(1))
+        await publish(_batch(2, parent=1))
+        before = len(index)
+        await publish(msgspec.msgpack.encode(KVEventBatch(0.0, [])), step=3)  # seq jumps: 2 batches lost
+        return before, len(index)
+    finally:
+        await sub.close()
+        pub.close(linger=0)
+        ctx.term()
+
+
+def test_a_sequence_gap_clears_the_exact_index():
+    """L3: after lost events (possibly BlockRemoved) the mirror cannot be trusted: start over."""
+    before, after = asyncio.run(_gap_scenario())
+    assert (before, after) == (2, 0)
