@@ -1,11 +1,15 @@
 """Receiving end (decode side): one ROUTER socket on one loop thread writes chunks in place.
 
-A transfer completes only when Close has arrived, every chunk's checksum matched, no chunk repeated,
-and every buffer stream is filled exactly; anything else ends FAILED / ABORTED / TIMED_OUT with a reason.
+A transfer completes only when Close has arrived, every chunk's checksum matched, no chunk repeated or
+overlapped another, and every byte of every buffer stream was written; anything else ends FAILED /
+ABORTED / TIMED_OUT with a reason. Only the connection that opened a transfer may feed or close it
+(see `_session`); a message that no transfer may be failed for is refused alone: counted in
+`refusal_counts()`, logged, answered with `Failed`. After `release()` returns, nothing more is written.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -29,6 +33,45 @@ from prfaas_sgl.transfer.states import UNKNOWN_STATUS, TransferState as S, Trans
 
 log = logging.getLogger(__name__)
 _DRAIN_MAX = 64  # messages handled per wake-up before deadlines are looked at again
+# Above the largest legitimate frame (see max_frame_bytes): msgpack header fields and a peer whose layout
+# differs a little from ours still fit, so that such a peer gets a named layout mismatch, not a drop.
+_FRAME_SLACK = 64 << 10
+
+
+def max_frame_bytes(layout: MemoryLayout, cfg: TransferConfig) -> int:
+    """ZMQ_MAXMSGSIZE of the data listener (per frame): a sender's largest frame is a chunk's data frame
+    (<= chunk_bytes) or the Open header, which carries the layout. libzmq drops the connection of a peer
+    announcing a bigger frame before buffering any of it, so no peer can make us hold a 4 GiB frame.
+    Prefill and decode must therefore run with the same chunk_bytes (a larger one on the sender is refused).
+    """
+    open_header = len(Codec().encode(Open(transfer_id=0, layout=layout)))
+    return max(cfg.chunk_bytes, open_header) + _FRAME_SLACK
+
+
+def _meta(frame: zmq.Frame, name: str) -> str:
+    try:
+        return frame.get(name)
+    except zmq.ZMQError:  # property absent (no ZAP handler: no User-Id)
+        return ""
+
+
+def _session(ident: bytes, header: zmq.Frame) -> tuple[str, str, bytes]:
+    """Whom a connection speaks for; only the session that opened a transfer may feed or end it.
+
+    A sender stripes one transfer over several DEALER connections, each with its own ROUTER identity, so
+    the identity alone cannot name the opener. What its connections share: the peer's IP address, its
+    CURVE client key (User-Id, set by the ZAP handler; empty in plaintext), and, when the sender sets its
+    routing ids to `link token + one connection byte`, the token. Identities libzmq generates start with
+    a 0 byte and carry no token: such a session is "this host (and key)".
+    """
+    token = ident[:-1] if ident[:1] not in (b"", b"\x00") else b""
+    return _meta(header, "Peer-Address"), _meta(header, "User-Id"), token
+
+
+@dataclass(frozen=True, slots=True)
+class _From:
+    ident: bytes  # ROUTER identity of the connection: where replies to this message go
+    session: tuple[str, str, bytes]
 
 
 @dataclass(slots=True)
@@ -39,10 +82,12 @@ class _InTransfer:
     timeout_s: float
     state: S = S.WAITING
     reason: str = ""
-    sender: bytes | None = None  # ROUTER identity of the connection that opened it
+    sender: bytes | None = None  # ROUTER identity replies go to: the opener's latest connection
+    session: tuple[str, str, bytes] | None = None  # who opened it (see _session)
     seqs: set[int] = field(default_factory=set)
     nbytes: int = 0
     close: Close | None = None
+    revoked: bool = False  # released: its pages may belong to someone else; written under _write_lock
 
     @property
     def expected(self) -> int:
@@ -63,9 +108,14 @@ class ZmqReceiver(SocketLoop):
         # non-terminal subset of _transfers, the only ones whose deadlines need checking
         self._active: dict[int, _InTransfer] = {}
         self._done_cv = threading.Condition()
+        # Held around "still ours?" + scatter; release() takes it after revoking, so that once it returns
+        # no write into the transfer's pages is in progress or can start (they may be reused at once).
+        self._write_lock = threading.Lock()
+        self._refusals: collections.Counter[str] = collections.Counter()
         self._codec = Codec()
         self._ctx = zmq.Context(io_threads=cfg.io_threads)
         self._sock = make_socket(self._ctx, zmq.ROUTER, cfg)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes(layout, cfg))
         self._auth = secure_server(self._ctx, self._sock, cfg.keys_dir) if cfg.keys_dir else None
         self._sock.bind(f"tcp://{host}:{port}")
         bound_port = int(self._sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
@@ -97,8 +147,18 @@ class ZmqReceiver(SocketLoop):
         self.call(self._abort_local, transfer_id, reason)
 
     def release(self, transfer_id: int) -> None:
-        """Forget a transfer (its pages may be reused); chunks still arriving are refused."""
+        """Forget a transfer: once this returns nothing more is written into its regions, so its pages
+        may be reused at once; chunks still arriving are refused. Any thread, the loop thread included
+        (which never holds the write lock while it runs calls). Blocks at most one chunk's scatter."""
+        t = self._transfers.get(transfer_id)  # a loop-thread dict, read under the GIL: get() is atomic
+        if t is not None:
+            with self._write_lock:
+                t.revoked = True
         self.call(self._release, transfer_id)
+
+    def refusal_counts(self) -> dict[str, int]:
+        """Messages refused without failing a transfer, by kind (e.g. "not_opener", "unknown_transfer")."""
+        return dict(self._refusals)
 
     def close(self) -> None:
         self.stop()
@@ -128,56 +188,82 @@ class ZmqReceiver(SocketLoop):
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self._dispatch(frames[0].bytes, frames[1], frames[2:])
+            ident = frames[0].bytes
+            self._dispatch(_From(ident, _session(ident, frames[1])), frames[1], frames[2:])
 
-    def _dispatch(self, ident: bytes, header: zmq.Frame, data: list[zmq.Frame]) -> None:
+    def _dispatch(self, src: _From, header: zmq.Frame, data: list[zmq.Frame]) -> None:
         try:
             msg = self._codec.decode(header.buffer)
         except DecodeError as e:
-            self._reject(ident, e.transfer_id, e.reason)
+            self._reject(src, e.transfer_id, e.reason)
             return
         handler = {Open: self._on_open, Chunk: self._on_chunk, Close: self._on_close,
                    Abort: self._on_abort}.get(type(msg))
         if handler is None:
-            self._reject(ident, msg.transfer_id, f"unexpected {type(msg).__name__} sent to a receiver")
+            self._reject(src, msg.transfer_id, f"unexpected {type(msg).__name__} sent to a receiver")
         else:
-            handler(ident, msg, data)
+            handler(src, msg, data)
 
-    def _reject(self, ident: bytes, tid: int, reason: str) -> None:
+    def _reject(self, src: _From, tid: int, reason: str) -> None:
+        """A bad message: it fails its transfer if it may speak for it (opener, or none yet)."""
         t = self._transfers.get(tid)
-        if t is not None and not t.state.terminal:
-            t.sender = t.sender or ident
+        if t is not None and not t.state.terminal and t.session in (None, src.session):
+            t.sender = t.sender or src.ident
             self._finish(t, S.FAILED, reason)
         else:
-            self._send(ident, Failed(transfer_id=tid, reason=reason))
+            self._refuse(src, tid, "bad_message", reason)
 
-    def _live(self, ident: bytes, tid: int) -> _InTransfer | None:
+    def _refuse(self, src: _From, tid: int, kind: str, reason: str) -> None:
+        """Drop a message without touching any transfer: count it, log it, tell its connection why."""
+        self._refusals[kind] += 1
+        n = self._refusals[kind]
+        if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th... of a kind: a flood cannot flood the log
+            log.warning("refused %s message #%d from %s: %s", kind, n, src.session[0] or "?", reason)
+        self._send(src.ident, Failed(transfer_id=tid, reason=reason))
+
+    def _live(self, src: _From, tid: int) -> _InTransfer | None:
         """The transfer if it can take data; otherwise tell the sender why not and return None."""
         t = self._transfers.get(tid)
         if t is None:
-            self._send(ident, Failed(transfer_id=tid, reason=f"receiver does not expect transfer {tid}"))
+            self._refuse(src, tid, "unknown_transfer", f"receiver does not expect transfer {tid}")
             return None
         if t.state.terminal:
-            self._send(ident, Failed(transfer_id=tid, reason=t.reason or f"transfer already {t.state.value}"))
+            self._refuse(src, tid, "ended_transfer", t.reason or f"transfer already {t.state.value}")
             return None
         return t
 
-    def _on_open(self, ident: bytes, msg: Open, _: list) -> None:
-        t = self._live(ident, msg.transfer_id)
+    def _owned(self, src: _From, what: str, tid: int) -> _InTransfer | None:
+        """The live transfer if `src` is the session that opened it; otherwise refuse the message."""
+        t = self._live(src, tid)
+        if t is None:
+            return None
+        if t.session != src.session:
+            why = "before its Open" if t.session is None else "from a connection that did not open it"
+            self._refuse(src, tid, "not_opener", f"{what} for transfer {tid} arrived {why}")
+            return None
+        t.sender = src.ident
+        return t
+
+    def _on_open(self, src: _From, msg: Open, _: list) -> None:
+        t = self._live(src, msg.transfer_id)
         if t is None:
             return
-        t.sender = ident
+        if t.session not in (None, src.session):
+            self._refuse(src, t.tid, "not_opener",
+                         f"transfer {t.tid} is already open from another connection")
+            return
+        t.sender, t.session = src.ident, src.session
         problem = self.layout.mismatch(msg.layout)
         if problem:
             self._finish(t, S.FAILED, problem)
             return
         self._set(t, S.TRANSFERRING)
-        self._send(ident, OpenAck(transfer_id=t.tid))
+        self._send(src.ident, OpenAck(transfer_id=t.tid))
 
-    def _on_chunk(self, ident: bytes, msg: Chunk, data: list[zmq.Frame]) -> None:
+    def _on_chunk(self, src: _From, msg: Chunk, data: list[zmq.Frame]) -> None:
         if self._slow is not None:
             time.sleep(self._slow.seconds)
-        t = self._live(ident, msg.transfer_id)
+        t = self._owned(src, f"chunk {msg.seq}", msg.transfer_id)
         if t is None:
             return
         views = [f.buffer for f in data]
@@ -186,26 +272,39 @@ class ZmqReceiver(SocketLoop):
             self._finish(t, S.FAILED, problem)
             return
         stream = t.streams[msg.buffer_id]
-        scatter(self._views[msg.buffer_id], stream, msg.offset, views)
-        stream.received += msg.length
+        if not self._write(t, msg, views):
+            self._refuse(src, t.tid, "released",
+                         f"chunk {msg.seq} for transfer {t.tid} arrived after release")
+            return
+        stream.covered.add(msg.offset, msg.offset + msg.length)
         t.nbytes += msg.length
         t.seqs.add(msg.seq)
-        self._send(ident, Ack(transfer_id=t.tid, seq=msg.seq, length=msg.length))
+        self._send(src.ident, Ack(transfer_id=t.tid, seq=msg.seq, length=msg.length))
         self._maybe_complete(t)
 
+    def _write(self, t: _InTransfer, msg: Chunk, views: list[memoryview]) -> bool:
+        """Scatter a verified chunk unless `t` was released; False = not written."""
+        with self._write_lock:
+            if t.revoked:
+                return False
+            scatter(self._views[msg.buffer_id], t.streams[msg.buffer_id], msg.offset, views)
+            return True
+
     def _chunk_problem(self, t: _InTransfer, msg: Chunk, views: list[memoryview]) -> str | None:
-        if t.state is not S.TRANSFERRING:
-            return f"chunk {msg.seq} arrived before Open"
         stream = t.streams.get(msg.buffer_id)
         if stream is None:
             return f"chunk {msg.seq} for buffer {msg.buffer_id}, which this transfer has no pages in"
-        if msg.offset < 0 or msg.offset + msg.length > stream.total:
-            return (f"chunk {msg.seq} bytes [{msg.offset}, {msg.offset + msg.length}) of buffer "
+        end = msg.offset + msg.length
+        if msg.offset < 0 or msg.length <= 0 or end > stream.total:
+            return (f"chunk {msg.seq} bytes [{msg.offset}, {end}) of buffer "
                     f"{msg.buffer_id} exceed the {stream.total} bytes expected (page count/size mismatch)")
         if len(views) != msg.nframes or sum(v.nbytes for v in views) != msg.length:
             return f"chunk {msg.seq} frames do not add up to its declared {msg.length} bytes"
         if msg.seq in t.seqs:
             return f"chunk {msg.seq} received twice"
+        if stream.covered.overlaps(msg.offset, end):
+            return (f"chunk {msg.seq} bytes [{msg.offset}, {end}) of buffer {msg.buffer_id} overlap bytes "
+                    "already received")
         h = xxhash.xxh3_64()
         for v in views:
             h.update(v)
@@ -213,8 +312,8 @@ class ZmqReceiver(SocketLoop):
             return f"checksum mismatch in chunk {msg.seq} (buffer {msg.buffer_id}, offset {msg.offset})"
         return None
 
-    def _on_close(self, ident: bytes, msg: Close, _: list) -> None:
-        t = self._live(ident, msg.transfer_id)
+    def _on_close(self, src: _From, msg: Close, _: list) -> None:
+        t = self._owned(src, "Close", msg.transfer_id)
         if t is None:
             return
         for b in sorted(set(t.streams) | set(msg.totals)):
@@ -226,17 +325,29 @@ class ZmqReceiver(SocketLoop):
         t.close = msg
         self._maybe_complete(t)
 
-    def _on_abort(self, ident: bytes, msg: Abort, _: list) -> None:
+    def _on_abort(self, src: _From, msg: Abort, _: list) -> None:
         t = self._transfers.get(msg.transfer_id)
-        if t is not None and not t.state.terminal:
-            self._set(t, S.ABORTED, f"aborted by sender: {msg.reason}")
+        if t is None or t.state.terminal:
+            return
+        # an Abort may overtake its Open on another connection, so "no opener yet" may abort too
+        if t.session not in (None, src.session):
+            self._refuse(src, t.tid, "not_opener", f"Abort for transfer {t.tid} from a connection that did "
+                         "not open it")
+            return
+        self._set(t, S.ABORTED, f"aborted by sender: {msg.reason}")
 
     def _maybe_complete(self, t: _InTransfer) -> None:
+        """DONE when Close has come, all its chunks have, and every stream byte was written (coverage)."""
         if t.close is None or len(t.seqs) != t.close.nchunks:
             return
-        if all(s.received == s.total for s in t.streams.values()):
-            self._set(t, S.DONE)
-            self._send(t.sender, Done(transfer_id=t.tid, nbytes=t.nbytes))
+        for b, s in t.streams.items():
+            gap = s.covered.gap(s.total)
+            if gap is not None:
+                self._finish(t, S.FAILED, f"all {t.close.nchunks} chunks arrived but bytes [{gap[0]}, "
+                             f"{gap[1]}) of buffer {b} were never written")
+                return
+        self._set(t, S.DONE)
+        self._send(t.sender, Done(transfer_id=t.tid, nbytes=t.nbytes))
 
     def _finish(self, t: _InTransfer, state: S, reason: str) -> None:
         """Terminal failure: record it and tell the sender (if one is known)."""

@@ -1,0 +1,333 @@
+"""Receiver hardening (issue 12: H6, M3): no write after release(), and hostile peers on the data
+listener are refused with a named reason while nothing reaches decode memory and the receiver keeps
+serving. Real sockets throughout: the decode receiver runs in its own process (or, where the test must
+write into its memory, the sender does)."""
+
+import itertools
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+import xxhash
+import zmq
+from hypothesis import given, settings, strategies as st
+from zmq.utils.monitor import recv_monitor_message
+
+from prfaas_sgl.transfer import faults as F
+from prfaas_sgl.transfer import receiver as R
+from prfaas_sgl.transfer.chunking import Coverage
+from prfaas_sgl.transfer.config import TransferConfig
+from prfaas_sgl.transfer.layout import item_regions, page_regions
+from prfaas_sgl.transfer.messages import Chunk, Close, Codec, Open
+from prfaas_sgl.transfer.sender import ZmqSender
+from prfaas_sgl.transfer.states import TransferState as S
+from prfaas_sgl.transfer.testing import Remote, fill_random, read_regions, small_layout
+
+LAYOUT = small_layout()  # kv buffers 0..3 of 64 pages × 4 KiB
+PAGE = 4096
+CFG = TransferConfig(connections=2, chunk_bytes=8192, window_bytes=65536, timeout_s=10)
+IDS = itertools.count(1)
+CODEC = Codec()
+
+
+@pytest.fixture(scope="module")
+def rx():
+    with Remote("receiver", LAYOUT, CFG) as remote:
+        yield remote
+
+
+@pytest.fixture(scope="module")
+def src():
+    return fill_random(LAYOUT, seed=11)
+
+
+def assert_serving(rx, src, pages=(40, 41, 42)):
+    """The receiver is alive and a legitimate transfer after the attack lands exactly."""
+    tid, regions = next(IDS), page_regions(LAYOUT, list(pages))
+    rx.call("expect", tid, regions)
+    tx = ZmqSender(LAYOUT, src, CFG)
+    try:
+        tx.send(tid, rx.address, regions, last=True)
+        assert tx.wait(tid, 10).state is S.DONE
+    finally:
+        tx.close()
+    assert rx.call("wait", tid, 10).state is S.DONE
+    assert rx.call("read", regions) == read_regions(src, regions)
+
+
+class RawPeer:
+    """A hand-driven DEALER speaking the wire protocol, as an attacker (or a minimal sender) would."""
+
+    def __init__(self, rx, routing_id: bytes | None = None, source_ip: str | None = None) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        if routing_id is not None:
+            self.sock.setsockopt(zmq.ROUTING_ID, routing_id)
+        source = f"{source_ip}:0;" if source_ip else ""
+        self.sock.connect(f"tcp://{source}{rx.address.host}:{rx.address.port}")
+
+    def open(self, tid: int) -> None:
+        self.sock.send(CODEC.encode(Open(transfer_id=tid, layout=LAYOUT)))
+
+    def chunk(self, tid: int, seq: int, offset: int, payload: bytes, buffer_id: int = 0) -> None:
+        header = Chunk(transfer_id=tid, seq=seq, buffer_id=buffer_id, offset=offset, length=len(payload),
+                       nframes=1, checksum=xxhash.xxh3_64_intdigest(payload))
+        self.sock.send_multipart([CODEC.encode(header), payload])
+
+    def close_transfer(self, tid: int, nchunks: int, total: int) -> None:
+        self.sock.send(CODEC.encode(Close(transfer_id=tid, nchunks=nchunks, totals={0: total})))
+
+    def replies(self, n: int, timeout: float = 10.0) -> list:
+        out = []
+        for _ in range(n):
+            assert self.sock.poll(int(timeout * 1000)), f"no reply after {out}"
+            out.append(CODEC.decode(self.sock.recv()))
+        return out
+
+    def stop(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def buffer0(pages) -> list:
+    return item_regions(LAYOUT, [0], list(pages))
+
+
+def payload(seed: int, n: int = PAGE) -> bytes:
+    return np.random.default_rng(seed).integers(1, 256, n, dtype=np.uint8).tobytes()
+
+
+# -- H6: release() is a write barrier --------------------------------------------------------------------
+def test_release_guarantees_no_write_after_it_returns():
+    """H6: SGLang frees a room's pages right after forget() → release(); a chunk scattered after that
+    would corrupt whichever request gets the pages next. 64 chunks are queued behind a slow receiver."""
+    cfg = CFG.replace(chunk_bytes=PAGE, window_bytes=64 * PAGE)
+    bufs = [np.zeros(b.nbytes, np.uint8) for b in LAYOUT.buffers]
+    rx = R.ZmqReceiver(LAYOUT, bufs, cfg, faults=(F.SlowReceiver(0.005),))
+    tx = Remote("sender", LAYOUT, cfg, seed=3)
+    try:
+        tid, regions = next(IDS), page_regions(LAYOUT, list(range(16)))  # 4 buffers × 16 pages = 64 chunks
+        rx.expect(tid, regions)
+        tx.call("send", tid, rx.address, regions, True)
+        end = time.monotonic() + 10
+        while not bufs[0][:16 * PAGE].any():  # the first chunk has landed; the rest are queued
+            assert time.monotonic() < end, "no chunk arrived"
+            time.sleep(0.001)
+        rx.release(tid)
+        for r in regions:  # the pages now belong to another request
+            bufs[r.buffer_id][r.offset: r.offset + r.length] = 0xAB
+        assert tx.call("wait", tid, 10).state in (S.ABORTED, S.FAILED)
+        time.sleep(0.3)  # whatever was still queued has been handled by now
+        assert all((bufs[r.buffer_id][r.offset: r.offset + r.length] == 0xAB).all() for r in regions)
+        refused = rx.refusal_counts()
+        assert refused.get("released", 0) + refused.get("unknown_transfer", 0) > 0
+    finally:
+        tx.stop()
+        rx.close()
+
+
+def test_release_from_the_loop_thread_does_not_deadlock():
+    rx = R.ZmqReceiver(LAYOUT, [np.zeros(b.nbytes, np.uint8) for b in LAYOUT.buffers], CFG)
+    try:
+        rx.expect(1, buffer0([0]))
+        rx.call_sync(rx.release, 1, timeout=5)
+        assert rx.call_sync(lambda: rx.poll(1).state, timeout=5) is S.UNKNOWN
+    finally:
+        rx.close()
+
+
+# -- M3: oversized frames ---------------------------------------------------------------------------------
+def zmtp_dealer(rx) -> socket.socket:
+    """A raw TCP peer past the ZMTP 3.0 NULL handshake (greeting + READY), speaking as a DEALER."""
+    s = socket.create_connection((rx.address.host, rx.address.port), timeout=5)
+    greeting = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\x00" + bytes(31)
+    ready = b"\x05READY" + b"\x0bSocket-Type" + (6).to_bytes(4, "big") + b"DEALER"
+    s.sendall(greeting + bytes([0x04, len(ready)]) + ready)
+    return s
+
+
+def closed_by_peer(s: socket.socket, within: float) -> bool:
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            if s.recv(65536) == b"":
+                return True
+        except socket.timeout:
+            continue
+        except ConnectionResetError:
+            return True
+    return False
+
+
+def test_a_4gib_frame_header_drops_the_connection_before_any_data(rx, src):
+    """M3: MAXMSGSIZE makes libzmq drop a peer on the frame header announcing 4 GiB, so no peer can
+    make decode buffer a huge frame (before, it took the bytes and RSS grew at line rate)."""
+    s = zmtp_dealer(rx)
+    try:
+        s.sendall(bytes([0x02]) + (4 << 30).to_bytes(8, "big") + b"x" * 4096)  # LONG frame, 4 GiB
+        assert closed_by_peer(s, within=5.0)
+    finally:
+        s.close()
+    assert_serving(rx, src)
+
+
+def test_an_oversized_chunk_frame_writes_nothing_and_the_transfer_survives(rx, src):
+    tid, regions = next(IDS), page_regions(LAYOUT, [20, 21])
+    rx.call("expect", tid, regions)
+    peer = RawPeer(rx)
+    mon = peer.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    try:
+        big = b"\x01" * (R.max_frame_bytes(LAYOUT, CFG) + 1)
+        header = Chunk(transfer_id=tid, seq=0, buffer_id=0, offset=0, length=len(big), nframes=1,
+                       checksum=xxhash.xxh3_64_intdigest(big))
+        peer.sock.send_multipart([CODEC.encode(header), big])
+        assert mon.poll(5000) and recv_monitor_message(mon)["event"] == zmq.EVENT_DISCONNECTED
+    finally:
+        mon.close(0)
+        peer.stop()
+    assert rx.call("poll", tid).state is S.WAITING
+    assert rx.call("read", regions) == bytes(sum(r.length for r in regions))
+    tx = ZmqSender(LAYOUT, src, CFG)  # the transfer the attacker aimed at still completes exactly
+    try:
+        tx.send(tid, rx.address, regions, last=True)
+        assert tx.wait(tid, 10).state is S.DONE
+    finally:
+        tx.close()
+    assert rx.call("read", regions) == read_regions(src, regions)
+
+
+def test_frame_limit_fits_chunks_and_the_open_header():
+    limit = R.max_frame_bytes(LAYOUT, CFG)
+    assert CFG.chunk_bytes < limit <= CFG.chunk_bytes + (64 << 10)
+    assert len(CODEC.encode(Open(transfer_id=(1 << 64) - 1, layout=LAYOUT))) < limit
+
+
+# -- M3: only the opener may feed a transfer --------------------------------------------------------------
+def test_chunk_from_another_host_is_refused_and_the_real_transfer_completes(rx, src):
+    """A real sender (plain routing ids: its session is its host) opens; a second DEALER on another
+    address injects a well-formed chunk into pages the sender has not sent yet."""
+    tid = next(IDS)
+    first, rest = page_regions(LAYOUT, [30]), page_regions(LAYOUT, [31])
+    rx.call("expect", tid, first + rest)
+    tx = ZmqSender(LAYOUT, src, CFG)
+    intruder = RawPeer(rx, source_ip="127.0.0.2")
+    try:
+        tx.send(tid, rx.address, first)
+        end = time.monotonic() + 10
+        while rx.call("read", first) != read_regions(src, first):
+            assert time.monotonic() < end, "the first piece never landed"
+            time.sleep(0.005)
+        intruder.chunk(tid, seq=100, offset=PAGE, payload=payload(1))  # buffer 0's stream: page 31
+        (failed,) = intruder.replies(1)
+        assert failed.reason == f"chunk 100 for transfer {tid} arrived from a connection that did not open it"
+        assert rx.call("read", rest) == bytes(sum(r.length for r in rest))
+        assert rx.call("poll", tid).state is S.TRANSFERRING
+        tx.send(tid, rx.address, rest, last=True)
+        assert tx.wait(tid, 10).state is S.DONE
+    finally:
+        intruder.stop()
+        tx.close()
+    assert rx.call("wait", tid, 10).state is S.DONE
+    assert rx.call("read", first + rest) == read_regions(src, first + rest)
+    assert rx.call("refusal_counts")["not_opener"] >= 1
+
+
+def test_chunk_close_and_open_from_another_link_are_refused(rx, src):
+    """A sender that names its connections `token + index` binds its transfers to the token: a second
+    connection on the same host without it can neither write, close, nor re-open."""
+    tid, regions = next(IDS), buffer0([0, 1])
+    rx.call("expect", tid, regions)
+    owner, intruder = RawPeer(rx, routing_id=b"L" + os.urandom(8) + b"\x00"), RawPeer(rx)
+    try:
+        owner.open(tid)
+        assert type(owner.replies(1)[0]).__name__ == "OpenAck"
+        before = rx.call("refusal_counts").get("not_opener", 0)
+        intruder.chunk(tid, seq=0, offset=0, payload=payload(2))
+        intruder.close_transfer(tid, nchunks=1, total=2 * PAGE)
+        intruder.open(tid)
+        reasons = [m.reason for m in intruder.replies(3)]
+        assert reasons == [f"chunk 0 for transfer {tid} arrived from a connection that did not open it",
+                           f"Close for transfer {tid} arrived from a connection that did not open it",
+                           f"transfer {tid} is already open from another connection"]
+        assert rx.call("refusal_counts")["not_opener"] == before + 3
+        assert rx.call("read", regions) == bytes(2 * PAGE)
+        good = [payload(3), payload(4)]
+        for seq, data in enumerate(good):
+            owner.chunk(tid, seq, seq * PAGE, data)
+        owner.close_transfer(tid, nchunks=2, total=2 * PAGE)
+        assert [type(m).__name__ for m in owner.replies(3)] == ["Ack", "Ack", "Done"]
+    finally:
+        owner.stop()
+        intruder.stop()
+    assert rx.call("read", regions) == b"".join(good)
+    assert_serving(rx, src)
+
+
+# -- M3: completion by coverage -----------------------------------------------------------------------
+def test_overlapping_chunks_with_distinct_seqs_fail_instead_of_done(rx, src):
+    """Three 4 KiB chunks for a 12 KiB stream, the second a rewrite of the first: their byte count adds
+    up (before: DONE with [8192, 12288) stale), their coverage does not."""
+    tid, regions = next(IDS), buffer0([10, 11, 12])
+    rx.call("expect", tid, regions)
+    peer = RawPeer(rx)
+    try:
+        peer.open(tid)
+        peer.replies(1)
+        peer.chunk(tid, 0, 0, payload(5))
+        peer.chunk(tid, 1, 0, payload(6))
+        peer.chunk(tid, 2, PAGE, payload(7))
+        peer.close_transfer(tid, nchunks=3, total=3 * PAGE)
+        r = rx.call("wait", tid, 10)
+    finally:
+        peer.stop()
+    assert (r.state, r.reason) == (S.FAILED,
+                                   "chunk 1 bytes [0, 4096) of buffer 0 overlap bytes already received")
+    written = rx.call("read", regions)
+    assert written == payload(5) + bytes(2 * PAGE)  # chunk 1 wrote nothing; chunk 2 came after FAILED
+    assert_serving(rx, src)
+
+
+def test_a_gap_at_close_fails_naming_the_unwritten_bytes(rx):
+    """Close says 2 chunks, both came and verified, yet page 2 of 3 was never written."""
+    regions = buffer0([13, 14, 15])
+    tid = next(IDS)
+    rx.call("expect", tid, regions)
+    peer = RawPeer(rx)
+    try:
+        peer.open(tid)
+        peer.replies(1)
+        peer.chunk(tid, 0, 0, payload(11, PAGE))
+        peer.chunk(tid, 1, 2 * PAGE, payload(12, PAGE))
+        peer.close_transfer(tid, nchunks=2, total=3 * PAGE)
+        r = rx.call("wait", tid, 10)
+    finally:
+        peer.stop()
+    assert (r.state, r.reason) == (S.FAILED, "all 2 chunks arrived but bytes [4096, 8192) of buffer 0 were "
+                                             "never written")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 50), min_size=1, max_size=30), st.randoms(use_true_random=False),
+       st.integers(0, 30))
+def test_coverage_matches_a_byte_map(lengths, rnd, drop):
+    """Coverage against a bytearray of written flags: chunks in any order, some missing, some repeated."""
+    total = sum(lengths)
+    cuts = list(itertools.accumulate([0] + lengths))
+    chunks = [(cuts[i], cuts[i + 1]) for i in range(len(lengths))]
+    chunks = [c for i, c in enumerate(chunks) if i != drop] + rnd.sample(chunks, min(2, len(chunks)))
+    rnd.shuffle(chunks)
+    cov, written = Coverage(), bytearray(total)
+    for a, b in chunks:
+        assert cov.overlaps(a, b) == any(written[a:b])
+        if not cov.overlaps(a, b):
+            cov.add(a, b)
+            written[a:b] = b"\x01" * (b - a)
+    gap = cov.gap(total)
+    assert (gap is None) == all(written)
+    if gap is not None:
+        assert not any(written[gap[0]:gap[1]]) and (gap[0] == 0 or written[gap[0] - 1])
+        assert gap[1] == total or written[gap[1]]
+    assert len(cov.starts) == len(cov.ends) <= len(lengths)
