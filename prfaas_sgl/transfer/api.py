@@ -3,6 +3,8 @@
 `ZmqSender`/`ZmqReceiver` implement it over the network; `fake.FakeTransport` in process.
 Contract, both sides: calls are thread-safe and never block on the network; `poll()` is cheap and
 returns the latest `TransferStatus`; a terminal status never changes; `release()` forgets a transfer.
+`fatal` is None while the side works and the reason once its loop thread died (then every pending
+transfer reads FAILED and no new one can succeed): a health check reports it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from prfaas_sgl.transfer.states import TransferStatus
 class KVReceiver(Protocol):
     layout: MemoryLayout
     address: PeerInfo
+
+    @property
+    def fatal(self) -> str | None: ...
 
     def expect(self, transfer_id: int, regions: Sequence[Region], timeout_s: float | None = None) -> None:
         """Pre-register destination regions; bytes land there in per-buffer stream order."""
@@ -35,6 +40,9 @@ class KVReceiver(Protocol):
 
 class KVSender(Protocol):
     layout: MemoryLayout
+
+    @property
+    def fatal(self) -> str | None: ...
 
     def send(self, transfer_id: int, peer: PeerInfo, regions: Sequence[Region], last: bool = False,
              timeout_s: float | None = None) -> None:

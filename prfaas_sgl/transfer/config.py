@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass
 
 MIB = 1 << 20
+# CurveZMQ public keys in text form: 32 bytes as 40 Z85 characters
+_Z85 = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,20 +23,40 @@ class TransferConfig:
     Defaults from scripts/bench_transfer.py (helper-notes/transfer.md): 4 connections reach 0.95 of a
     1 Gbit/s tbf link at any chunk size; 1 MiB chunks cost ~0.3 s/GB less CPU than 256 KiB and keep CURVE
     fast; a 128 MiB window rode out scheduling stalls at 5 Gbit/s better than 32 MiB (median 0.95 vs 0.91).
-    timeout_s: default deadline of a transfer, from `expect()` / the first `send()`.
+    timeout_s: no-progress deadline of a transfer (seconds). The sender's is refreshed by every send(),
+        OpenAck and Ack of the transfer, and by Acks of others on its link while its own chunks still
+        wait there (oldest-first queueing must not time out the queue). The receiver's starts at `expect()`.
+    min_rate_bytes_s, cap_slack_s: the sender's absolute cap, so a peer that trickles acks cannot hold
+        a transfer forever: it fails once it has lived cap_slack_s + (bytes queued so far) /
+        min_rate_bytes_s seconds since its first send(). The cap grows with the transfer. The slack
+        covers the chunked prefill's compute between sends and queueing behind other transfers (a
+        128K-token prompt computes for ~22 s on an H20); 1 MiB/s is far below any link PrfaaS
+        targets. Together they end only pathological trickles. min_rate_bytes_s=None: no cap.
     keys_dir: directory with CurveZMQ keys (see `security.py`); None = plaintext, no authentication.
     io_threads: ZeroMQ I/O threads per context.
+    max_links: sender links (sockets to one receiver) kept open while unused; creating one more closes
+        the least recently used idle link. Links with transfers in flight are never closed.
+    link_idle_s: a sender link unused for this long is closed (decodes come and go; each link holds
+        3 sockets per connection and redials a dead peer forever).
+    max_sockets: ZeroMQ socket limit per context (libzmq's default is 1023), capped by the fd limit.
+    reconnect_ivl_max_ms: ZeroMQ's reconnect back-off ceiling towards an unreachable peer.
     """
 
     connections: int = 4
     chunk_bytes: int = 1 * MIB
     window_bytes: int = 128 * MIB
     timeout_s: float = 60.0
+    min_rate_bytes_s: float | None = 1 * MIB
+    cap_slack_s: float = 600.0
     keys_dir: str | None = None
     io_threads: int = 1
     send_timeout_ms: int = 1000
     reconnect_ivl_ms: int = 100
+    reconnect_ivl_max_ms: int = 1000
     hwm_messages: int = 1000
+    max_links: int = 64
+    link_idle_s: float = 300.0
+    max_sockets: int = 16384
 
     def __post_init__(self) -> None:
         if not 1 <= self.connections <= 64:
@@ -48,11 +70,27 @@ class TransferConfig:
             )
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s={self.timeout_s}: must be > 0 seconds")
+        if self.min_rate_bytes_s is not None and self.min_rate_bytes_s <= 0:
+            raise ValueError(f"min_rate_bytes_s={self.min_rate_bytes_s}: must be > 0 bytes/s, or None for no cap")
+        if self.cap_slack_s <= 0:
+            raise ValueError(f"cap_slack_s={self.cap_slack_s}: must be > 0 seconds")
         if self.keys_dir is not None and not os.path.isdir(self.keys_dir):
             raise ValueError(f"keys_dir={self.keys_dir!r} is not a directory: create it with "
                              "`python -m prfaas_sgl.transfer.security KEYS_DIR`")
         if not 1 <= self.io_threads <= 16:
             raise ValueError(f"io_threads={self.io_threads}: use 1..16")
+        self._check_links()
+
+    def _check_links(self) -> None:
+        if self.max_links < 1:
+            raise ValueError(f"max_links={self.max_links}: keep at least 1 link")
+        if self.link_idle_s <= 0:
+            raise ValueError(f"link_idle_s={self.link_idle_s}: must be > 0 seconds")
+        if not 64 <= self.max_sockets <= 1 << 20:
+            raise ValueError(f"max_sockets={self.max_sockets}: use 64..1048576")
+        if self.reconnect_ivl_max_ms < self.reconnect_ivl_ms:
+            raise ValueError(f"reconnect_ivl_max_ms={self.reconnect_ivl_max_ms} < reconnect_ivl_ms="
+                             f"{self.reconnect_ivl_ms}: the back-off ceiling must be at least the first interval")
 
     def replace(self, **changes: object) -> "TransferConfig":
         return dataclasses.replace(self, **changes)
@@ -78,7 +116,11 @@ class PeerInfo:
             ipaddress.ip_address(self.host)
         except ValueError:
             return f"bad peer host {self.host!r} (need a numeric IP address)"
+        key = self.server_key
+        if key is not None and (not isinstance(key, str) or len(key) != 40 or not set(key) <= _Z85):
+            return f"bad peer server_key {str(key)[:48]!r} (need a 40-character Z85 CURVE public key)"
         return None
 
     def key(self) -> str:
+        """host:port, the name of this peer in stats and messages (a sender's links also key on server_key)."""
         return f"{self.host}:{self.port}"

@@ -6,6 +6,7 @@ copied synchronously at `send(last=True)`. Faults are injected per transfer id:
     net = FakeTransport(); rx = net.receiver(layout, dst); tx = net.sender(layout, src)
     net.fail(tid, "link down")      # the next send of tid fails with that reason on both sides
     net.hold(tid)                   # tid never completes (exercise timeouts); net.release_hold(tid)
+    tx.fatal = "boom"               # a dead loop thread: pending transfers read FAILED (health checks)
 """
 
 from __future__ import annotations
@@ -38,11 +39,14 @@ class _Side:
     def __init__(self, default_timeout: float) -> None:
         self._entries: dict[int, _Entry] = {}
         self._timeout = default_timeout
+        self.fatal: str | None = None
 
     def poll(self, tid: int) -> TransferStatus:
         e = self._entries.get(tid)
         if e is None:
             return UNKNOWN_STATUS
+        if self.fatal is not None and not e.state.terminal:
+            e.state, e.reason = S.FAILED, f"loop died: {self.fatal}"
         if not e.state.terminal and time.monotonic() >= e.deadline:
             e.state, e.reason = S.TIMED_OUT, f"timed out in fake transport after {self._timeout:g} s"
         return TransferStatus(e.state, e.reason, e.nbytes)

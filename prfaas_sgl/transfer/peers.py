@@ -1,4 +1,10 @@
-"""One sender→receiver link: its sockets, credit window and the transfers waiting to use it."""
+"""Sender→receiver links: one link's sockets, credit window and waiting transfers, and the table of links.
+
+A link is named by the receiver's full identity, (host, port, CURVE server key): a decode that restarts
+on the same port with a new key is a new peer, and sockets still holding the old key would fail every
+handshake. Unused links close (LRU beyond `max_links`, and after `link_idle_s`): every link holds
+3 sockets per connection and redials its peer forever, and decodes come and go.
+"""
 
 from __future__ import annotations
 
@@ -24,12 +30,21 @@ class Link:
     flight, so a window smaller than a chunk cannot deadlock). Control messages bypass the window.
     """
 
-    def __init__(self, peer: PeerInfo, socks: list[zmq.Socket], stats: LinkStats, window: int) -> None:
+    def __init__(self, peer: PeerInfo, socks: list[zmq.Socket], stats: LinkStats, window: int,
+                 now: float) -> None:
         self.peer = peer
         self.socks = socks
         # handshake monitors: a refused CURVE key or mechanism fails transfers now, not at their deadline
-        self.monitors = [s.get_monitor_socket(HANDSHAKE_EVENTS) for s in socks]
+        self.monitors: list[zmq.Socket] = []
+        try:
+            self.monitors.extend(s.get_monitor_socket(HANDSHAKE_EVENTS) for s in socks)
+        except BaseException:  # e.g. out of sockets: leave nothing open behind
+            self.close()
+            raise
         self.handshake_error: str | None = None
+        self.active: set[int] = set()  # ids of non-terminal transfers on this link
+        self.last_used = now  # when a transfer last started or ended here
+        self.last_progress = now  # when the peer last acknowledged a chunk
         self.stats = stats
         self.window = window
         self.inflight = 0
@@ -50,7 +65,16 @@ class Link:
 
     def on_ack(self, nbytes: int, now: float) -> None:
         self.inflight -= nbytes
+        self.last_progress = now
         self.stats.on_ack(nbytes, now)
+
+    def attach(self, tid: int, now: float, live: bool) -> None:
+        """Count transfer `tid` as using this link while `live` (non-terminal)."""
+        if live:
+            self.active.add(tid)
+        else:
+            self.active.discard(tid)
+        self.last_used = now
 
     def forget(self, nbytes: int) -> None:
         self.inflight -= nbytes
@@ -74,9 +98,11 @@ class Link:
             if not ready(t):
                 continue
             while t.jobs:
-                if not emit_job(self, t, t.jobs[0]):
+                job = t.jobs[0]
+                if not emit_job(self, t, job):
                     return
-                t.jobs.popleft()
+                if t.jobs and t.jobs[0] is job:  # emit_job may have failed t and cleared its jobs
+                    t.jobs.popleft()
             del self._work[tid]
 
     def try_send(self, frames: list[Any]) -> bool:
@@ -111,7 +137,60 @@ class Link:
 
     def close(self) -> None:
         for s in self.socks:
-            s.disable_monitor()
+            s.disable_monitor()  # no-op on a socket whose monitor never started
             s.close(0)
         for m in self.monitors:
             m.close(0)
+
+
+class LinkTable:
+    """The sender's links by full peer identity; loop thread only. `make(peer)` opens a new link."""
+
+    def __init__(self, make: Callable[[PeerInfo], Link], max_links: int, idle_s: float) -> None:
+        self._make = make
+        self._max, self._idle_s = max_links, idle_s
+        self._links: dict[PeerInfo, Link] = {}
+        self._by_sock: dict[zmq.Socket, Link] = {}
+
+    def __iter__(self):
+        return iter(list(self._links.values()))
+
+    def __len__(self) -> int:
+        return len(self._links)
+
+    def owner(self, sock: zmq.Socket) -> Link | None:
+        return self._by_sock.get(sock)
+
+    def get(self, peer: PeerInfo) -> Link:
+        """The link to `peer`, opened if needed (may raise zmq.ZMQError / ValueError: nothing is kept)."""
+        link = self._links.get(peer)
+        if link is not None:
+            return link
+        for old in list(self._links.values()):
+            # same address, another key: the decode there restarted; its old sockets are useless
+            if old.peer.key() == peer.key() and not old.active:
+                self.close(old)
+        idle = sorted((x for x in self._links.values() if not x.active), key=lambda x: x.last_used)
+        for old in idle[:max(0, len(self._links) + 1 - self._max)]:
+            self.close(old)
+        link = self._make(peer)
+        self._links[peer] = link
+        self._by_sock.update((s, link) for s in link.socks + link.monitors)
+        return link
+
+    def close_idle(self, now: float) -> None:
+        for link in list(self._links.values()):
+            if not link.active and now - link.last_used >= self._idle_s:
+                self.close(link)
+
+    def close(self, link: Link) -> None:
+        """Close `link` now; control messages still queued on it (Aborts) are dropped."""
+        if self._links.get(link.peer) is link:
+            del self._links[link.peer]
+        for s in link.socks + link.monitors:
+            self._by_sock.pop(s, None)
+        link.close()
+
+    def close_all(self) -> None:
+        for link in list(self._links.values()):
+            self.close(link)

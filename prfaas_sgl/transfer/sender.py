@@ -3,11 +3,17 @@
 Per transfer: Open ─(wait OpenAck)─▶ chunks striped round-robin over the peer's connections, each
 one zero-copy view of source memory, while the peer's window has credit ─▶ Close after the last piece
 ─(wait Done)─▶ DONE. Source memory must stay unchanged until the transfer is terminal.
+
+Deadlines: a transfer fails when it makes no progress for `timeout_s` (see `TransferConfig.timeout_s`
+for what counts), or when it outlives its size-derived cap (`TransferConfig.min_rate_bytes_s`).
+An unexpected error while handling one transfer fails that transfer only; if the loop thread itself
+dies, every pending transfer reads FAILED and `fatal` names the cause.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,14 +28,15 @@ from prfaas_sgl.transfer.buffers import register
 from prfaas_sgl.transfer.chunking import ChunkPlan, plan_chunks
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
 from prfaas_sgl.transfer.layout import MemoryLayout, Region
-from prfaas_sgl.transfer.loop import SocketLoop, make_socket
+from prfaas_sgl.transfer.loop import LoopDead, SocketLoop, make_context, make_socket
 from prfaas_sgl.transfer.messages import (Abort, Ack, Chunk, Close, Codec, DecodeError, Done, Failed, Open,
                                           OpenAck)
-from prfaas_sgl.transfer.peers import Link
+from prfaas_sgl.transfer.peers import Link, LinkTable
 from prfaas_sgl.transfer.security import secure_client
 from prfaas_sgl.transfer.states import UNKNOWN_STATUS, TransferState as S, TransferStatus
 from prfaas_sgl.transfer.stats import StatsBook, StatsServer
 
+log = logging.getLogger(__name__)
 _CLOSE = object()  # marks, in a transfer's job queue, where Close goes (after all its chunks)
 
 
@@ -37,9 +44,9 @@ _CLOSE = object()  # marks, in a transfer's job queue, where Close goes (after a
 class _OutTransfer:
     tid: int
     link: Link
-    deadline: float
     timeout_s: float
     started: float
+    progress: float  # last send(), OpenAck or Ack of this transfer (time.monotonic())
     state: S = S.OPENING
     reason: str = ""
     jobs: collections.deque = field(default_factory=collections.deque)  # (ChunkPlan, t_enqueued) | _CLOSE
@@ -47,6 +54,7 @@ class _OutTransfer:
     next_seq: int = 0
     inflight: int = 0
     acked: int = 0
+    queued: int = 0  # chunk bytes handed to send() so far
     closed: bool = False
 
 
@@ -61,10 +69,9 @@ class ZmqSender(SocketLoop):
         self._corrupt = F.find(faults, F.CorruptChunk)
         stamp = F.find(faults, F.StampVersion)
         self._version = stamp.v if stamp else None
-        self._ctx = zmq.Context(io_threads=cfg.io_threads)
+        self._ctx = make_context(cfg)
         self._codec = Codec()
-        self._links: dict[str, Link] = {}
-        self._by_sock: dict[zmq.Socket, Link] = {}
+        self._links = LinkTable(self._new_link, cfg.max_links, cfg.link_idle_s)
         self._transfers: dict[int, _OutTransfer] = {}
         self._status: dict[int, TransferStatus] = {}
         # non-terminal subset of _transfers, the only ones whose deadlines need checking
@@ -78,14 +85,19 @@ class ZmqSender(SocketLoop):
              timeout_s: float | None = None) -> None:
         """Queue `regions` (stream order per buffer) of `transfer_id` for `peer`; `last` closes it.
 
-        The first call opens the transfer; its deadline is `timeout_s` (default cfg.timeout_s) from then.
+        The first call opens the transfer with no-progress deadline `timeout_s` (default cfg.timeout_s);
+        every call counts as progress. Never raises for a dead loop: `poll()` reports it.
         """
         for r in regions:
             self.layout.check_region(r)
-        self.call(self._send, transfer_id, peer, list(regions), last, timeout_s or self.cfg.timeout_s)
+        self._call(self._send, transfer_id, peer, list(regions), last, timeout_s or self.cfg.timeout_s)
 
     def poll(self, transfer_id: int) -> TransferStatus:
-        return self._status.get(transfer_id, UNKNOWN_STATUS)
+        status = self._status.get(transfer_id, UNKNOWN_STATUS)
+        fatal = self.fatal
+        if fatal is not None and not status.state.terminal:  # queued work will never run
+            return TransferStatus(S.FAILED, f"sender loop died: {fatal}", status.nbytes)
+        return status
 
     def wait(self, transfer_id: int, timeout: float) -> TransferStatus:
         end = time.monotonic() + timeout
@@ -94,19 +106,37 @@ class ZmqSender(SocketLoop):
         return self.poll(transfer_id)
 
     def abort(self, transfer_id: int, reason: str = "aborted by sender") -> None:
-        self.call(self._abort_local, transfer_id, reason)
+        self._call(self._abort_local, transfer_id, reason)
 
     def release(self, transfer_id: int) -> None:
-        self.call(self._release, transfer_id)
+        if self.fatal is not None:
+            self._status.pop(transfer_id, None)  # the loop is gone: nothing else touches the table
+        self._call(self._release, transfer_id)
 
     def close(self) -> None:
         self.stop()
         if self.stats_server is not None:
             self.stats_server.close()
-        self._ctx.term()
+        if self._thread.is_alive():
+            log.error("transfer-send loop did not stop; leaving its ZeroMQ context open")
+            return
+        self._ctx.destroy(linger=0)  # the loop closed its sockets unless on_close failed half-way
+
+    def _call(self, fn: Any, *args: Any) -> None:
+        try:
+            self.call(fn, *args)
+        except LoopDead:
+            if self.fatal is None:
+                raise  # used after close(): a caller bug
 
     # -- loop thread: API handlers ----------------------------------------------------------------
     def _send(self, tid: int, peer: PeerInfo, regions: list[Region], last: bool, timeout_s: float) -> None:
+        try:
+            self._queue(tid, peer, regions, last, timeout_s)
+        except Exception as e:
+            self._contain(tid, "send", e)
+
+    def _queue(self, tid: int, peer: PeerInfo, regions: list[Region], last: bool, timeout_s: float) -> None:
         t = self._transfers.get(tid)
         if t is None:
             t = self._open(tid, peer, timeout_s)
@@ -119,7 +149,10 @@ class ZmqSender(SocketLoop):
             self._fail(t, S.FAILED, f"bad send for transfer {tid}: {why}", notify=True)
             return
         now = time.monotonic()
-        t.jobs.extend((c, now) for c in plan_chunks(regions, t.stream_pos, self.cfg.chunk_bytes))
+        plans = plan_chunks(regions, t.stream_pos, self.cfg.chunk_bytes)
+        t.jobs.extend((c, now) for c in plans)
+        t.queued += sum(c.length for c in plans)
+        t.progress = now
         if last:
             t.closed = True
             t.jobs.append(_CLOSE)
@@ -131,33 +164,45 @@ class ZmqSender(SocketLoop):
             self._status[tid] = TransferStatus(S.FAILED, problem)
             self.stats.link(str(peer.host)).on_failure("bad_peer")
             return None
-        now = time.monotonic()
-        link = self._link(peer)
+        try:
+            link = self._links.get(peer)
+        except (zmq.ZMQError, ValueError) as e:  # out of sockets/fds, or a CURVE key refused locally
+            log.warning("transfer %d: cannot open a link to %s: %s", tid, peer.key(), e)
+            self._status[tid] = TransferStatus(S.FAILED, f"cannot connect to {peer.key()}: {e}")
+            self.stats.link(peer.key()).on_failure("connect")
+            return None
         # the last handshake failed and none succeeded since: fail now rather than at the deadline
         if link.handshake_error:
             self._status[tid] = TransferStatus(S.FAILED, link.handshake_error)
             link.stats.on_failure("handshake")
             return None
-        t = _OutTransfer(tid, link, now + timeout_s, timeout_s, now)
+        now = time.monotonic()
+        t = _OutTransfer(tid, link, timeout_s, started=now, progress=now)
         self._transfers[tid] = t
         self._set(t, S.OPENING)
         t.link.control.append(self._stamp(Open(transfer_id=tid, layout=self.layout)))
         return t
 
-    def _link(self, peer: PeerInfo) -> Link:
-        link = self._links.get(peer.key())
-        if link is None:
-            socks = [self._dealer(peer) for _ in range(self.cfg.connections)]
-            link = Link(peer, socks, self.stats.link(peer.key()), self.cfg.window_bytes)
-            self._links[peer.key()] = link
-            self._by_sock.update((s, link) for s in socks + link.monitors)
-        return link
+    def _new_link(self, peer: PeerInfo) -> Link:
+        socks: list[zmq.Socket] = []
+        try:
+            for _ in range(self.cfg.connections):
+                socks.append(self._dealer(peer))
+            return Link(peer, socks, self.stats.link(peer.key()), self.cfg.window_bytes, time.monotonic())
+        except BaseException:
+            for s in socks:
+                s.close(0)
+            raise
 
     def _dealer(self, peer: PeerInfo) -> zmq.Socket:
         sock = make_socket(self._ctx, zmq.DEALER, self.cfg)
-        if self.cfg.keys_dir:
-            secure_client(sock, self.cfg.keys_dir, peer.server_key)
-        sock.connect(peer.endpoint)
+        try:
+            if self.cfg.keys_dir:
+                secure_client(sock, self.cfg.keys_dir, peer.server_key)
+            sock.connect(peer.endpoint)
+        except BaseException:
+            sock.close(0)
+            raise
         return sock
 
     def _abort_local(self, tid: int, reason: str) -> None:
@@ -166,21 +211,39 @@ class ZmqSender(SocketLoop):
             self._fail(t, S.ABORTED, reason, notify=True)
 
     def _release(self, tid: int) -> None:
-        self._abort_local(tid, "released by sender")
-        self._transfers.pop(tid, None)
-        self._status.pop(tid, None)
+        try:
+            self._abort_local(tid, "released by sender")
+        finally:
+            self._transfers.pop(tid, None)
+            self._status.pop(tid, None)
+
+    def _contain(self, tid: int, what: str, err: Exception) -> None:
+        """An unexpected error while handling `tid`: fail that transfer only, keep the loop running."""
+        log.error("transfer %d: unexpected error in %s", tid, what, exc_info=err)
+        reason = f"sender internal error in {what}: {type(err).__name__}: {err}"
+        t = self._transfers.get(tid)
+        if t is None:
+            self._status[tid] = TransferStatus(S.FAILED, reason)
+        elif not t.state.terminal:
+            try:
+                self._fail(t, S.FAILED, reason, notify=True)
+            except Exception:  # the bookkeeping itself is broken: at least make the status terminal
+                log.exception("transfer %d: failing it raised too", tid)
+                self._set(t, S.FAILED, reason)
 
     # -- loop thread: events ----------------------------------------------------------------------
     def poll_items(self) -> list[tuple[zmq.Socket, int]]:
         items = []
-        for link in self._links.values():
+        for link in self._links:
             flags = zmq.POLLIN | (zmq.POLLOUT if link.blocked else 0)
             items.extend((s, flags) for s in link.socks)
             items.extend((m, zmq.POLLIN) for m in link.monitors)
         return items
 
     def on_event(self, sock: zmq.Socket, events: int) -> None:
-        link = self._by_sock[sock]
+        link = self._links.owner(sock)
+        if link is None:
+            return  # closed during this iteration
         if sock in link.monitors:
             self._on_handshake(link, sock)
             return
@@ -199,26 +262,32 @@ class ZmqSender(SocketLoop):
                 msg = self._codec.decode(raw)
             except DecodeError as e:
                 msg = Failed(transfer_id=e.transfer_id, reason=f"receiver: {e.reason}")
-            self._on_reply(msg)
+            try:
+                self._on_reply(msg)
+            except Exception as e:
+                self._contain(msg.transfer_id, f"handling {type(msg).__name__}", e)
 
     def _on_reply(self, msg: Any) -> None:
         t = self._transfers.get(msg.transfer_id)
         if t is None or t.state.terminal:
             return
+        now = time.monotonic()
         if isinstance(msg, OpenAck) and t.state is S.OPENING:
+            t.progress = now
             self._set(t, S.TRANSFERRING)
             t.link.queue_work(t)
         elif isinstance(msg, Ack):
+            t.progress = now
             t.inflight -= msg.length
             t.acked += msg.length
-            t.link.on_ack(msg.length, time.monotonic())
+            t.link.on_ack(msg.length, now)
         elif isinstance(msg, Done):
             # Done may overtake Acks that travel on other connections: it acknowledges everything.
-            t.link.on_ack(t.inflight, time.monotonic())
+            t.link.on_ack(t.inflight, now)
             t.acked += t.inflight
             t.inflight = 0
             self._set(t, S.DONE)
-            t.link.stats.on_done(time.monotonic() - t.started)
+            t.link.stats.on_done(now - t.started)
         elif isinstance(msg, (Failed, Abort)):
             state = S.FAILED if isinstance(msg, Failed) else S.ABORTED
             self._fail(t, state, f"receiver: {msg.reason}", notify=False)
@@ -231,25 +300,67 @@ class ZmqSender(SocketLoop):
             if t.link is link:
                 self._fail(t, S.FAILED, reason, notify=False)
 
+    # -- loop thread: deadlines -------------------------------------------------------------------
+    def _cap(self, t: _OutTransfer) -> float | None:
+        """Absolute end of `t`: the slack plus its bytes at the floor rate, from its first send()."""
+        rate = self.cfg.min_rate_bytes_s
+        return None if rate is None else t.started + self.cfg.cap_slack_s + t.queued / rate
+
+    def _deadline(self, t: _OutTransfer) -> float:
+        last = t.progress
+        if t.jobs:  # still queued behind other transfers on the link: their progress is ours
+            last = max(last, t.link.last_progress)
+        cap = self._cap(t)
+        return last + t.timeout_s if cap is None else min(last + t.timeout_s, cap)
+
+    def _expire(self, t: _OutTransfer, now: float) -> None:
+        cap = self._cap(t)
+        if cap is not None and now >= cap:
+            why = (f"exceeded its cap of {cap - t.started:.3g} s (cap_slack_s={self.cfg.cap_slack_s:g} + "
+                   f"{t.queued} B at min_rate_bytes_s={self.cfg.min_rate_bytes_s:g})")
+        else:
+            why = f"timed out after {t.timeout_s:g} s"
+        opening = t.state is S.OPENING
+        hint = (" (no OpenAck: peer unreachable, not expecting it, or CURVE key refused?)"
+                if opening else " (no progress: receiver stalled or link down?)")
+        self._fail(t, S.TIMED_OUT, f"{why} in state {t.state.value}, {t.acked} bytes acknowledged{hint}",
+                   notify=True)
+        if opening and not t.link.active:
+            # nobody answered on this link: the next transfer dials afresh instead of waiting out
+            # ZeroMQ's reconnect back-off towards a peer that may have restarted meanwhile
+            self._links.close(t.link)
+
     def next_deadline(self) -> float | None:
-        return min((t.deadline for t in self._active.values()), default=None)
+        return min((self._deadline(t) for t in self._active.values()), default=None)
 
     def on_tick(self, now: float) -> None:
         for t in list(self._active.values()):
-            if now >= t.deadline:
-                hint = " (no OpenAck: peer unreachable, not expecting it, or CURVE key refused?)" \
-                    if t.state is S.OPENING else ""
-                self._fail(t, S.TIMED_OUT, f"timed out after {t.timeout_s:g} s in state {t.state.value}, "
-                           f"{t.acked} bytes acknowledged{hint}", notify=True)
-        for link in self._links.values():
-            link.pump(self._emit_control, self._emit_job, lambda t: t.state is S.TRANSFERRING)
+            if now >= self._deadline(t):
+                self._expire(t, now)
+        self._links.close_idle(now)
+        for link in self._links:
+            try:
+                link.pump(self._emit_control, self._emit_job, lambda t: t.state is S.TRANSFERRING)
+            except Exception:
+                log.exception("link %s: unexpected error while sending (loop continues)", link.peer.key())
 
     # -- loop thread: emitting --------------------------------------------------------------------
     def _emit_control(self, link: Link, msg: Any) -> bool:
-        return link.try_send([self._codec.encode(msg)])
+        try:
+            return link.try_send([self._codec.encode(msg)])
+        except Exception as e:  # dropped: the transfer it belongs to fails instead of blocking the queue
+            self._contain(msg.transfer_id, f"sending {type(msg).__name__}", e)
+            return True
 
     def _emit_job(self, link: Link, t: _OutTransfer, job: Any) -> bool:
         """Hand one job of `t` to ZeroMQ; False = no socket can take it now (keep it queued)."""
+        try:
+            return self._try_job(link, t, job)
+        except Exception as e:
+            self._contain(t.tid, "sending a chunk", e)
+            return True  # t is failed and its jobs are gone: go on with the next transfer
+
+    def _try_job(self, link: Link, t: _OutTransfer, job: Any) -> bool:
         if job is _CLOSE:
             close = Close(transfer_id=t.tid, nchunks=t.next_seq, totals=dict(t.stream_pos))
             return link.try_send([self._codec.encode(self._stamp(close))])
@@ -299,8 +410,12 @@ class ZmqSender(SocketLoop):
             self._active.pop(t.tid, None)
         else:
             self._active[t.tid] = t
+        t.link.attach(t.tid, time.monotonic(), live=not state.terminal)
         self._status[t.tid] = TransferStatus(state, reason, t.acked)
 
+    def on_fatal(self, reason: str) -> None:
+        for t in list(self._active.values()):
+            self._set(t, S.FAILED, f"sender loop died: {reason}")
+
     def on_close(self) -> None:
-        for link in self._links.values():
-            link.close()
+        self._links.close_all()
