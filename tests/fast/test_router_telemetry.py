@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
+import multiprocessing as mp
+import os
+import statistics
 import time
 
 import msgspec
@@ -11,11 +15,17 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 
+from prfaas_sgl import netns
+from prfaas_sgl.router.app import start_router
 from prfaas_sgl.router.cluster import Cluster, LinkState, apply_link_stats, poll_loads
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
 from prfaas_sgl.router.kv_events import BlockStored, KVEventBatch, KVEventSubscriber
 from prfaas_sgl.router.prefix_index import ExactIndex
+from prfaas_sgl.router.standin import RoomBoard, Standin, build_tiny_tokenizer
+from prfaas_sgl.transfer.config import TransferConfig
+from prfaas_sgl.transfer.layout import kv_layout, page_regions
 from prfaas_sgl.transfer.stats import StatsBook
+from prfaas_sgl.transfer.testing import Remote, fill_random
 
 pytestmark = pytest.mark.timeout(60)
 MB = 1_000_000
@@ -72,17 +82,22 @@ def test_missing_or_malformed_stats_are_not_trusted(payload):
 
 
 class Answers:
-    """A tiny server whose /v1/loads and /stats answer with whatever the test puts in ``body``."""
+    """A tiny server whose /v1/loads and /stats answer with whatever bytes the test puts there."""
 
     def __init__(self) -> None:
         self.loads: bytes = b"[]"
         self.stats: bytes = b"[]"
 
+    async def _loads(self, _: web.Request) -> web.Response:
+        return web.Response(body=self.loads)
+
+    async def _stats(self, _: web.Request) -> web.Response:
+        return web.Response(body=self.stats)
+
     async def start(self) -> str:
         app = web.Application()
-        app.router.add_get("/v1/loads", lambda _: web.Response(body=self.loads))
-        app.router.add_get("/stats", lambda _: web.Response(body=self.stats))
-        app.router.add_get("/health", lambda _: web.Response(text="ok"))
+        app.router.add_get("/v1/loads", self._loads)
+        app.router.add_get("/stats", self._stats)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
@@ -172,3 +187,120 @@ def test_a_sequence_gap_clears_the_exact_index():
     """L3: after lost events (possibly BlockRemoved) the mirror cannot be trusted: start over."""
     before, after = asyncio.run(_gap_scenario())
     assert (before, after) == (2, 0)
+
+
+# ---------------------------------------------------------------- proof over a real rate-limited link
+
+RATE_MBIT = 200
+LINK_LAYOUT = (2, 1 << 20, 32)  # kv_layout(layers, page bytes, pages): 4 x 32 MiB = 128 MiB, ~5.6 s at 200 Mbit/s
+LINK_CFG = TransferConfig(connections=4, chunk_bytes=256 << 10, window_bytes=32 << 20, timeout_s=60)
+
+
+def _enter_netns(name: str) -> None:
+    """setns(2) this (still single-threaded) process into ``name``; threads it starts later inherit it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            raise OSError(ctypes.get_errno(), f"setns into {name}")
+    finally:
+        os.close(fd)
+
+
+def _remote_prefill(conn, netns: str, host: str) -> None:
+    """The remote datacenter's sending side: ZmqSender + its StatsServer bound to the routable address."""
+    _enter_netns(netns)
+    from prfaas_sgl.transfer.sender import ZmqSender
+    from prfaas_sgl.transfer.stats import StatsServer
+
+    layout = kv_layout(*LINK_LAYOUT)
+    tx = ZmqSender(layout, fill_random(layout, seed=1), LINK_CFG)
+    stats = StatsServer(tx.stats, host=host, port=0)
+    try:
+        conn.send(stats.port)
+        tid, peer = conn.recv()
+        tx.send(tid, peer, page_regions(layout, range(LINK_LAYOUT[2])), last=True)
+        status = tx.wait(tid, 60)
+        conn.send((status.state.value, status.nbytes, tx.stats.snapshot()))
+        conn.recv()
+    finally:
+        stats.close()
+        tx.close()
+
+
+async def _watch_router_goodput(router, done) -> list[tuple[float, float]]:
+    """(seconds since start, router's link goodput bits/s or -1 when not ok) every 50 ms, until ``done()``
+    and then 1.5 s more: the router's 1 s window plus one poll interval still hold the last bytes."""
+    t0, samples, end = time.monotonic(), [], float("inf")
+    while time.monotonic() < end:
+        link = router.cluster.link
+        samples.append((time.monotonic() - t0, link.goodput_bps if link.stats_ok else -1.0))
+        if end == float("inf") and done():
+            end = time.monotonic() + 1.5
+        await asyncio.sleep(0.05)
+    return samples
+
+
+def _start_remote_prefill(link) -> tuple[mp.Process, object]:
+    """Forked before any event loop or ZMQ context exists here: no import cost, no inherited sockets."""
+    conn, child = mp.get_context("fork").Pipe()
+    proc = mp.get_context("fork").Process(target=_remote_prefill, args=(child, link.netns, link.remote_ip),
+                                          daemon=True)
+    proc.start()
+    return proc, conn
+
+
+async def _link_scenario(tmp_path, link, conn) -> tuple[list[tuple[float, float]], dict]:
+    """The router's goodput samples and the sender's own stats of the link after the transfer."""
+    board = RoomBoard()
+    standins = [Standin("prefill", board), Standin("prefill", board), Standin("decode", board)]
+    urls = [await s.start() for s in standins]
+    try:
+        with Remote("receiver", kv_layout(*LINK_LAYOUT), LINK_CFG, host=link.local_ip) as rx:
+            assert conn.poll(30), "remote prefill process did not start"
+            stats_url = f"http://{link.remote_ip}:{conn.recv()}/stats"
+            cfg = RouterConfig(port=0, prfaas=(InstanceSpec(urls[0], 1),), local_prefill=(InstanceSpec(urls[1], 2),),
+                               decode=(InstanceSpec(urls[2]),), tokenizer_path=build_tiny_tokenizer(str(tmp_path)),
+                               link_gbps=RATE_MBIT / 1000, loads_interval_s=0.25, transport_stats_url=stats_url)
+            handle = await start_router(cfg)
+            try:
+                rx.call("expect", 1, page_regions(kv_layout(*LINK_LAYOUT), range(LINK_LAYOUT[2])))
+                conn.send((1, rx.address))
+                samples = await _watch_router_goodput(handle.router, lambda: conn.poll(0))
+                state, nbytes, snap = conn.recv()
+                assert (state, rx.call("wait", 1, 10).state.value) == ("done", "done")
+            finally:
+                await handle.close()
+            conn.send("stop")
+    finally:
+        for s in standins:
+            await s.close()
+    return samples, snap["links"][rx.address.key()]
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(netns.root_problem() is not None, reason=f"{netns.root_problem()}")
+def test_router_measures_the_goodput_the_transport_measured_over_a_tbf_link(tmp_path):
+    """M8 proof: remote prefill (a netns) -> tc tbf 200 Mbit/s veth -> decode receiver on the host; the router,
+    on the host, polls the sender's /stats across the link.
+
+    The transport's figure: bytes / (first send -> Done). The router's: its goodput readings averaged over
+    the same transfer (the integral of a 1 s-window rate counts every acknowledged bit once, so stalls of a
+    loaded machine weigh the same on both sides)."""
+    with netns.emulated_link(rate=f"{RATE_MBIT}mbit") as link:
+        proc, conn = _start_remote_prefill(link)
+        try:
+            samples, peer = asyncio.run(_link_scenario(tmp_path, link, conn))
+        finally:
+            proc.join(20)
+            if proc.is_alive():
+                proc.kill()
+    duration = peer["transfer_latency_s"]["mean"]
+    transport_bps = 8 * peer["bytes_total"] / duration
+    bits = sum(g * (t1 - t0) for (t0, g), (t1, _) in zip(samples, samples[1:]))
+    router_bps = bits / duration
+    assert duration > 4, f"transfer too short to judge: {duration:.1f} s"
+    assert 0.5 * RATE_MBIT * 1e6 <= transport_bps <= RATE_MBIT * 1e6  # the link really limited it
+    assert router_bps == pytest.approx(transport_bps, rel=0.10), (router_bps, transport_bps)
+    busy = [g for t, g in samples if samples[0][0] + 1.5 <= t <= duration]
+    assert min(busy) > 0, "the router lost the stats (stats_ok False or 0) while the link was busy"
