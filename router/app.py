@@ -10,7 +10,7 @@ Start from code (tests, benchmarks)::
 from __future__ import annotations
 
 import asyncio
-import json
+import hmac
 import logging
 import random
 import time
@@ -29,13 +29,16 @@ from .kv_events import KVEventSubscriber
 from .metrics import RouterMetrics
 from .policy import Decision, NoInstanceError
 from .prefix_index import ExactIndex, block_hashes
-from .requests import ApiError, ParsedRequest, parse_request
+from .requests import ApiError, Limits, ParsedRequest, decode_json, parse_raw, read_body
 from .routing import RoutingCore
 from .tokenize import PromptTokenizer
 
 log = logging.getLogger(__name__)
 
-BIG_BODY = 64 * 1024  # bytes; larger bodies are tokenized off the event loop
+BIG_BODY = 64 * 1024  # bytes; larger bodies are parsed and tokenized off the event loop
+# Big parses at once: json.loads and template rendering hold the GIL, so more threads would not finish sooner;
+# the cap bounds the memory of decoded bodies and how long the loop waits for the GIL.
+BIG_PARSES = 2
 
 
 def error_response(e: ApiError) -> web.Response:
@@ -52,6 +55,8 @@ class Router:
         self.metrics = RouterMetrics()
         self.core = RoutingCore(cfg, self.cluster, self.metrics, controller)
         self.rng = random.Random(seed)
+        self.limits = Limits(cfg.context_length, cfg.context_length * cfg.max_chars_per_token)
+        self.big_parses = asyncio.Semaphore(BIG_PARSES)
         self.tasks: list[asyncio.Task] = []
         self.subscribers: list[KVEventSubscriber] = []
 
@@ -93,15 +98,12 @@ class Router:
     # ------------------------------------------------------------ generation endpoints
 
     async def _parse(self, request: web.Request, endpoint: str) -> ParsedRequest:
-        raw = await request.read()
-        try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ApiError(400, f"malformed JSON body: {e}", code="invalid_json") from e
-        args = (endpoint, body, self.tokenizer, self.cfg.model_name, self.cfg.context_length)
-        if len(raw) > BIG_BODY:
-            return await asyncio.get_running_loop().run_in_executor(None, parse_request, *args)
-        return parse_request(*args)
+        raw = await read_body(request, self.cfg.body_limit)
+        args = (endpoint, raw, self.tokenizer, self.cfg.model_name, self.limits)
+        if len(raw) <= BIG_BODY:
+            return parse_raw(*args)
+        async with self.big_parses:
+            return await asyncio.get_running_loop().run_in_executor(None, parse_raw, *args)
 
     def _link_share(self, d: Decision, prompt_len: int, hashes: list[int]) -> LinkShare:
         """KV crossing the link (only what decode does not hold) and when it starts: after the PrfaaS queue."""
@@ -128,6 +130,10 @@ class Router:
         except ApiError as e:
             self.metrics.errors.labels(e.code).inc()
             return error_response(e)
+        except Exception:  # a router bug: still an OpenAI-style answer, and counted
+            log.exception("request to %s failed inside the router", endpoint)
+            self.metrics.errors.labels("internal_error").inc()
+            return error_response(ApiError(500, "internal router error", "server_error", "internal_error"))
 
     async def _serve(self, request: web.Request, req: ParsedRequest, hashes: list[int],
                      d: Decision) -> web.StreamResponse:
@@ -160,20 +166,41 @@ class Router:
         body = self.metrics.render(self.cluster, self.core.policy.threshold, self.cfg.link_budget_s)
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
+    def _admin_refusal(self, request: web.Request) -> web.Response | None:
+        """None when ``request`` may use /admin/*: it carries the admin token, or no token is configured and the
+        router listens on loopback only."""
+        if self.cfg.admin_open:
+            return None
+        if not self.cfg.admin_token:
+            return error_response(ApiError(403, "/admin/* is disabled on a non-loopback listener without an admin "
+                                           "token: start the router with --admin-token or PRFAAS_ROUTER_ADMIN_TOKEN",
+                                           "permission_error", "admin_disabled"))
+        scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(sent.strip().encode(), self.cfg.admin_token.encode()):
+            return None
+        return error_response(ApiError(401, "/admin/* needs 'Authorization: Bearer <admin token>'",
+                                       "authentication_error", "invalid_admin_token"))
+
     async def admin_get(self, request: web.Request) -> web.Response:
-        return web.json_response(self.core.routing_state())
+        refusal = self._admin_refusal(request)
+        return web.json_response(self.core.routing_state()) if refusal is None else refusal
 
     async def admin_post(self, request: web.Request) -> web.Response:
+        refusal = self._admin_refusal(request)
+        if refusal is not None:
+            return refusal
         try:
-            changes = json.loads(await request.read())
+            changes = decode_json(await read_body(request, self.cfg.body_limit))
             if not isinstance(changes, dict):
                 raise ValueError("body must be a JSON object")
             return web.json_response(self.core.set_routing(changes, why=f"admin {request.remote}"))
+        except ApiError as e:
+            return error_response(e)
         except (ValueError, TypeError) as e:
             return error_response(ApiError(400, str(e), code="invalid_routing"))
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=self.cfg.body_limit)
         for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
             app.router.add_post(path, self.generate)
         app.router.add_get("/v1/models", self.models)
@@ -202,7 +229,9 @@ async def start_router(cfg: RouterConfig, controller: Any = None, seed: int | No
     await router.start()
     if check_health_first:
         await check_health(router.cluster, router.session)
-    runner = web.AppRunner(router.app(), access_log=None, handle_signals=False)
+    # handler_cancellation: a client that leaves cancels its handler, and so its attempt; the servers see the
+    # connection close and abort the request (aiohttp >= 3.9 otherwise runs the handler to completion).
+    runner = web.AppRunner(router.app(), access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
     await site.start()

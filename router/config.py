@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import json
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,8 +48,13 @@ class InstanceSpec:
         return cls(**obj)
 
 
-def _f(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
+def _f(default: Any, help: str, secret: bool = False) -> Any:
+    return field(default=default, metadata={"help": help}, repr=not secret)
+
+
+ADMIN_TOKEN_ENV = "PRFAAS_ROUTER_ADMIN_TOKEN"  # the admin token's usual source: argv is visible in `ps`
+BODY_BYTES_PER_TOKEN = 16  # generous JSON bytes per context token: \uXXXX escapes, token-id lists
+BODY_SLACK = 1 << 20  # bytes on top: field names, sampling params, tool definitions
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +67,12 @@ class RouterConfig:
     tokenizer_path: str = _f("", "directory with tokenizer.json and tokenizer_config.json (chat_template)")
     served_model_name: str = _f("", "model name clients must send (default: tokenizer directory name)")
     context_length: int = _f(32768, "max prompt + output tokens; longer requests get HTTP 400")
+    max_body_bytes: int = _f(0, f"largest request body; larger ones get HTTP 413 unread (0 = context_length x "
+                             f"{BODY_BYTES_PER_TOKEN} + {BODY_SLACK >> 20} MiB)")
+    max_chars_per_token: int = _f(16, "a prompt string longer than context_length x this many characters gets "
+                                  "HTTP 400 before it is tokenized")
+    admin_token: str = _f("", f"bearer token for /admin/* (or env {ADMIN_TOKEN_ENV}); without one, /admin/* "
+                          "answers only when --host is a loopback address", secret=True)
     policy: str = _f("bandwidth_aware", f"routing policy: {', '.join(POLICIES)}")
     threshold: int = _f(8192, "incremental-length threshold t (tokens) above which prefill goes remote")
     cache_rule: str = _f("scarce", "paper cache rule: scarce (per-cluster cache) or abundant (max of both)")
@@ -126,12 +139,14 @@ class RouterConfig:
         for name in ("threshold", "overload_tokens", "slack", "hold_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
-        for name in ("block_size", "context_length", "prefix_capacity_tokens", "kv_bytes_per_token",
+        for name in ("block_size", "context_length", "max_chars_per_token", "prefix_capacity_tokens", "kv_bytes_per_token",
                      "link_gbps", "loads_interval_s", "health_interval_s", "connect_timeout_s",
                      "prefill_timeout_s", "request_timeout_s", "controller_interval_s", "link_budget_s",
                      "target_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+        if self.max_body_bytes < 0:
+            raise ValueError("--max-body-bytes must be >= 0 (0 = derived from --context-length)")
         if self.decode_affinity_slack < -1:
             raise ValueError("--decode-affinity-slack must be >= 0 requests, or -1 (off)")
         if not 0 < self.low_watermark <= self.high_watermark:
@@ -143,6 +158,25 @@ class RouterConfig:
     @property
     def model_name(self) -> str:
         return self.served_model_name or Path(self.tokenizer_path).resolve().name
+
+    @property
+    def body_limit(self) -> int:
+        """Largest request body in bytes (``--max-body-bytes``, or derived from the context length)."""
+        return self.max_body_bytes or self.context_length * BODY_BYTES_PER_TOKEN + BODY_SLACK
+
+    @property
+    def admin_open(self) -> bool:
+        """Whether /admin/* answers without a token: only on a loopback listener, where the host is the boundary."""
+        return not self.admin_token and is_loopback(self.host)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
 
 
 # ---------------------------------------------------------------- argparse / file
@@ -180,4 +214,6 @@ def parse_config(argv: list[str] | None = None) -> RouterConfig:
     path = ns.pop("config", None)
     merged = load_file(path) if path else {}
     merged.update(ns)
+    if not merged.get("admin_token") and os.environ.get(ADMIN_TOKEN_ENV):
+        merged["admin_token"] = os.environ[ADMIN_TOKEN_ENV]
     return RouterConfig(**merged)

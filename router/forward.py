@@ -1,9 +1,12 @@
 """SGLang PD forwarding: one attempt = the same body to a prefill and a decode server at once.
 
 The body gets ``bootstrap_host`` (prefill host), ``bootstrap_port`` (prefill's bootstrap server) and a fresh
-``bootstrap_room`` (random 63-bit int), as sglang_router's mini_lb does. The decode answer is relayed; the
-prefill answer is awaited so its failure is seen. Nothing reaches the client before decode produced its
-first bytes, so an attempt that fails before that can be retried (once, locally) invisibly.
+``bootstrap_room`` (random 63-bit int), as sglang_router's mini_lb does, plus a fresh ``rid`` per attempt:
+SGLang aborts by rid prefix and refuses duplicate rids, so ids must be unique and never chosen by a client.
+The decode answer is relayed; the prefill answer is awaited so its failure is seen. Nothing reaches the
+client before decode produced its first bytes, so an attempt that fails before that can be retried (once,
+locally) invisibly. A 4xx from either server is the request's fault: it is relayed as it is, not retried,
+and the server stays in rotation.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import contextlib
 import json
 import logging
 import random
+import uuid
 from dataclasses import dataclass
 
 import aiohttp
@@ -32,6 +36,17 @@ class AttemptFailed(Exception):
     """The attempt failed before any byte reached the client; safe to retry."""
 
 
+class Rejected(Exception):
+    """A server answered 4xx: the request is at fault, not the server. Relayed to the client unchanged."""
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:200]!r}")
+        self.status, self.body, self.content_type = status, body, content_type
+
+    def response(self, extra: dict[str, str]) -> web.Response:
+        return web.Response(body=self.body, status=self.status, headers={"Content-Type": self.content_type, **extra})
+
+
 @dataclass(frozen=True, slots=True)
 class LinkShare:
     """KV bytes an attempt puts on the inter-DC link, and when its prefill (and so the stream) should start
@@ -48,7 +63,8 @@ class DecodeHead:
 
 
 def pd_body(body: dict, prefill: Instance, rng: random.Random) -> bytes:
-    out = dict(body, bootstrap_host=prefill.host, bootstrap_port=prefill.spec.bootstrap_port,
+    # uuid4 draws from os.urandom, not ``rng``: routers seeded alike must not share rids on the same servers.
+    out = dict(body, rid=uuid.uuid4().hex, bootstrap_host=prefill.host, bootstrap_port=prefill.spec.bootstrap_port,
                bootstrap_room=rng.getrandbits(63))
     return json.dumps(out, separators=(",", ":")).encode()
 
@@ -65,13 +81,15 @@ class Forwarder:
         self.cfg = cluster.cfg
         self.background: set[asyncio.Task] = set()
 
-    async def _prefill(self, inst: Instance, path: str, data: bytes) -> str | None:
-        """POST to prefill and drain its answer; returns an error text or None on success."""
+    async def _prefill(self, inst: Instance, path: str, data: bytes) -> str | Rejected | None:
+        """POST to prefill and drain its answer: None on success, ``Rejected`` on a 4xx, else an error text."""
         timeout = aiohttp.ClientTimeout(total=self.cfg.prefill_timeout_s, connect=self.cfg.connect_timeout_s)
         try:
             async with self.session.post(inst.spec.url + path, data=data, timeout=timeout,
                                          headers={"Content-Type": "application/json"}) as r:
                 text = await r.read()
+                if 400 <= r.status < 500:
+                    return Rejected(r.status, text, r.headers.get("Content-Type", "application/json"))
                 if r.status != 200:
                     return f"prefill {inst.name} HTTP {r.status}: {text[:200]!r}"
                 return None
@@ -100,9 +118,12 @@ class Forwarder:
                                                return_when=asyncio.FIRST_COMPLETED)
             if not done:
                 raise AttemptFailed(f"no answer from decode {d.decode} within {self.cfg.request_timeout_s}s")
-            if pre in done and pre.result() is not None:
-                mark_unhealthy(self.cluster.instances[d.prefill], pre.result())
-                raise AttemptFailed(pre.result())
+            outcome = pre.result() if pre in done else None
+            if isinstance(outcome, Rejected):
+                raise outcome
+            if outcome is not None:
+                mark_unhealthy(self.cluster.instances[d.prefill], outcome)
+                raise AttemptFailed(outcome)
         try:
             head = dec.result()
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
@@ -124,7 +145,8 @@ class Forwarder:
 
     async def attempt(self, req: ParsedRequest, d: Decision, kv: LinkShare,
                       request: web.Request) -> web.StreamResponse:
-        """Run one PD attempt and answer the client. Raises AttemptFailed before any byte is sent.
+        """Run one PD attempt and answer the client (a server's 4xx included). Raises AttemptFailed before any
+        byte is sent.
 
         ``kv``: this attempt's KV on the inter-DC link (zero bytes for a local prefill).
         """
@@ -143,13 +165,16 @@ class Forwarder:
                 head = await self._wait_decode(d, pre, dec)
             finally:
                 link.done(tid)  # decode has its KV (or the attempt is over)
-            self._reap(pre, d)
+            if head.resp.status == 200:
+                self._reap(pre, d)
+            else:  # decode refused the request (4xx): its prefill would only wait for a decode that never comes
+                pre.cancel()
             return await self._relay(head, req, request, {ROUTE_HEADER: d.route})
+        except Rejected as e:
+            _cancel(pre, dec)
+            return e.response({ROUTE_HEADER: d.route})
         except BaseException:
-            for t in (pre, dec):
-                t.cancel()
-            if dec.done() and not dec.cancelled() and dec.exception() is None:
-                dec.result().resp.release()
+            _cancel(pre, dec)
             raise
         finally:
             dec_i.inflight -= 1
@@ -184,6 +209,14 @@ class Forwarder:
         for t in list(self.background):
             t.cancel()
         await asyncio.gather(*self.background, return_exceptions=True)
+
+
+def _cancel(pre: asyncio.Task, dec: asyncio.Task) -> None:
+    """End an attempt's server requests: closing their connections makes SGLang abort them."""
+    for t in (pre, dec):
+        t.cancel()
+    if dec.done() and not dec.cancelled() and dec.exception() is None:
+        dec.result().resp.release()
 
 
 def _release_prefill(inst: Instance, tokens: int) -> None:

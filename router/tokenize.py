@@ -3,6 +3,9 @@
 Matches what an SGLang server does with the same files: chat requests are rendered with the template
 (``add_generation_prompt=True``) and encoded without extra special tokens (the template carries them);
 plain-text prompts are encoded with the tokenizer's special tokens, as ``/generate`` does.
+
+Encoding goes through ``encode_batch``: its binding releases the GIL while Rust works, whereas
+``Tokenizer.encode`` keeps it, so a long prompt tokenized on a worker thread would freeze the event loop.
 """
 
 from __future__ import annotations
@@ -11,13 +14,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 
 class TemplateError(ValueError):
     """The chat template rejected the messages (maps to HTTP 400)."""
+
+
+# Names the router passes to the template itself; a client's chat_template_kwargs must not override them.
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})
 
 
 def _token_text(tok: Any) -> str:
@@ -50,8 +56,12 @@ class PromptTokenizer:
         env.globals["raise_exception"] = _raise
         self.template = env.from_string(template) if template else None
 
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Token ids of ``text``; releases the GIL while the tokenizer runs (see the module docstring)."""
+        return self.tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
     def encode_text(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=True).ids
+        return self.encode(text, add_special_tokens=True)
 
     def render_chat(self, messages: list[dict[str, Any]], **extra: Any) -> str:
         if self.template is None:
@@ -59,8 +69,7 @@ class PromptTokenizer:
         try:
             return self.template.render(messages=messages, add_generation_prompt=True,
                                         bos_token=self.bos, eos_token=self.eos, **extra)
-        except jinja2.TemplateError as e:
-            raise TemplateError(f"chat template failed: {e}") from e
-
-    def encode_chat(self, messages: list[dict[str, Any]], **extra: Any) -> list[int]:
-        return self.tok.encode(self.render_chat(messages, **extra), add_special_tokens=False).ids
+        except TemplateError:
+            raise
+        except Exception as e:  # the template runs on client data: any failure is the request's (TypeError, ...)
+            raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from e
