@@ -119,8 +119,9 @@ def test_a_stalled_transfer_times_out_after_timeout_s():
 
 
 def test_the_absolute_cap_is_explicit_and_ends_a_trickle():
-    """Acks trickle (2 s for 160 KiB) past a cap of 0.5 s + 160 KiB at 320 KiB/s = 1 s: TIMED_OUT."""
-    cfg = CFG.replace(timeout_s=1.0, cap_slack_s=0.5, min_rate_bytes_s=320 * 1024)
+    """Acks trickle (2 s for 160 KiB) past a cap of 0.5 s + 160 KiB at 320 KiB/s = 1 s: TIMED_OUT, though
+    progress never stops for the 1.5 s no-progress timeout."""
+    cfg = CFG.replace(timeout_s=1.5, cap_slack_s=0.5, min_rate_bytes_s=320 * 1024)
     with receiver(faults=(F.SlowReceiver(0.05),)) as (rx, _), sender(cfg) as tx:
         s = transfer(tx, rx, 5)
     assert s.state is S.TIMED_OUT
