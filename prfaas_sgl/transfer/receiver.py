@@ -154,7 +154,10 @@ class ZmqReceiver(SocketLoop):
         if t is not None:
             with self._write_lock:
                 t.revoked = True
-        self.call(self._release, transfer_id)
+        try:
+            self.call(self._release, transfer_id)
+        except RuntimeError:  # the loop is gone (LoopDead): it writes nothing more, the barrier holds
+            pass
 
     def refusal_counts(self) -> dict[str, int]:
         """Messages refused without failing a transfer, by kind (e.g. "not_opener", "unknown_transfer")."""
@@ -172,6 +175,11 @@ class ZmqReceiver(SocketLoop):
 
     def on_close(self) -> None:
         self._sock.close(0)
+
+    def on_fatal(self, reason: str) -> None:
+        """The loop thread is dying: every pending transfer ends FAILED (nothing is written any more)."""
+        for t in list(self._active.values()):
+            self._set(t, S.FAILED, f"receiver loop died: {reason}")
 
     def next_deadline(self) -> float | None:
         return min((t.deadline for t in self._active.values()), default=None)
@@ -201,8 +209,14 @@ class ZmqReceiver(SocketLoop):
                    Abort: self._on_abort}.get(type(msg))
         if handler is None:
             self._reject(src, msg.transfer_id, f"unexpected {type(msg).__name__} sent to a receiver")
-        else:
+            return
+        try:
             handler(src, msg, data)
+        except Exception as e:  # a bug handling one message fails its transfer, not the receiver thread
+            log.exception("receiver: error handling %s of transfer %s", type(msg).__name__, msg.transfer_id)
+            t = self._transfers.get(msg.transfer_id)
+            if t is not None and not t.state.terminal and t.session in (None, src.session):
+                self._finish(t, S.FAILED, f"receiver error handling {type(msg).__name__}: {e!r}")
 
     def _reject(self, src: _From, tid: int, reason: str) -> None:
         """A bad message: it fails its transfer if it may speak for it (opener, or none yet)."""

@@ -139,6 +139,35 @@ def test_release_from_the_loop_thread_does_not_deadlock():
         rx.close()
 
 
+def test_an_error_in_one_chunk_fails_only_its_transfer(monkeypatch, src):
+    """H5 on the receiver: an unexpected exception while handling a message ends that transfer FAILED
+    with the error named; the loop thread goes on serving the next transfer."""
+    real, calls = R.scatter, []
+
+    def scatter_once_broken(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            raise MemoryError("simulated")
+        real(*args)
+
+    monkeypatch.setattr(R, "scatter", scatter_once_broken)
+    bufs = [np.zeros(b.nbytes, np.uint8) for b in LAYOUT.buffers]
+    rx = R.ZmqReceiver(LAYOUT, bufs, CFG)
+    tx = ZmqSender(LAYOUT, src, CFG)
+    try:
+        for tid, want in ((1, S.FAILED), (2, S.DONE)):
+            regions = page_regions(LAYOUT, [tid])
+            rx.expect(tid, regions)
+            tx.send(tid, rx.address, regions, last=True)
+            assert rx.wait(tid, 10).state is want and tx.wait(tid, 10).state is want
+        assert rx.poll(1).reason == "receiver error handling Chunk: MemoryError('simulated')"
+        assert read_regions(bufs, page_regions(LAYOUT, [2])) == read_regions(src, page_regions(LAYOUT, [2]))
+        assert rx._thread.is_alive()
+    finally:
+        tx.close()
+        rx.close()
+
+
 # -- M3: oversized frames ---------------------------------------------------------------------------------
 def zmtp_dealer(rx) -> socket.socket:
     """A raw TCP peer past the ZMTP 3.0 NULL handshake (greeting + READY), speaking as a DEALER."""
