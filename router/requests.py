@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -10,15 +11,23 @@ from aiohttp import web
 
 from .tokenize import RESERVED_TEMPLATE_KWARGS, PromptTokenizer, TemplateError
 
-# Fields of SGLang's GenerateReqInput / OpenAI request classes that belong to the router or to SGLang itself and
-# reach other clients' requests, so they never pass from a client: ``rid`` (SGLang aborts by rid *prefix*, so a
-# client's rid "a" would abort every request whose id starts with "a"; the forwarder sets a fresh one per
-# attempt), the PD bootstrap fields (the router pairs prefill and decode), data-parallel and KV placement
-# hints, and tokenizer-manager plumbing.
+# Fields of SGLang 0.5.23's GenerateReqInput / OpenAI request classes that belong to the router or to SGLang
+# itself, so they never pass from a client:
+# - ``rid``: SGLang aborts by rid *prefix*, so a client's rid "a" would abort every request whose id starts
+#   with "a", and a reused rid is refused as a duplicate; the forwarder sets a fresh one per attempt.
+# - PD pairing (``bootstrap_*``, ``decode_tp_size``) and data-parallel / KV placement (``*_dp_rank``,
+#   ``data_parallel_rank``, ``kv_hints``): the router pairs prefill and decode; a client's choice would
+#   misplace its KV or steer other requests' placement.
+# - Sessions (``session_id``, ``session_params``): a session lives on one server, which per-request routing
+#   does not honour, and a guessed id would reach another client's session.
+# - Tokenizer-manager and encoder plumbing (``http_worker_ipc``, ``lora_id``, ``received_time``,
+#   ``encoder_urls``, ``num_items_assigned``, ``need_wait_for_mm_inputs``): set by SGLang, never by a client
+#   (``encoder_urls`` would make the server POST to any address).
 INTERNAL_FIELDS = frozenset({
     "rid", "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
-    "routed_dp_rank", "data_parallel_rank", "disagg_prefill_dp_rank", "kv_router_hint", "http_worker_ipc",
-    "lora_id", "session_params", "received_time",
+    "routed_dp_rank", "data_parallel_rank", "disagg_prefill_dp_rank", "kv_hints", "kv_router_hint",
+    "session_id", "session_params", "http_worker_ipc", "lora_id", "received_time", "encoder_urls",
+    "num_items_assigned", "need_wait_for_mm_inputs",
 })
 
 
@@ -91,7 +100,7 @@ def _max_tokens(value: Any, name: str, default: int) -> int:
 
 # The cheap part of SGLang's SamplingParams.verify, answered here so a bad request never reaches a server.
 SAMPLING_RULES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
-    ("temperature", lambda v: v >= 0, ">= 0"),
+    ("temperature", lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
     ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("top_k", lambda v: v == -1 or v >= 1, "-1 (all) or >= 1"),
     ("min_p", lambda v: 0 <= v <= 1, "in [0, 1]"),

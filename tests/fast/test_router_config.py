@@ -47,12 +47,42 @@ url = "http://127.0.0.1:30002"
     ({"low_watermark": 0.95}, "--low-watermark"),
     ({"tokenizer_path": "/nonexistent"}, "--tokenizer-path"),
     ({"decode_affinity_slack": -2}, "--decode-affinity-slack"),
+    ({"max_body_bytes": -1}, "--max-body-bytes"),
+    ({"max_chars_per_token": 0}, "--max-chars-per-token"),
 ])
 def test_validation_names_the_flag(tmp_path, kw, flag):
     base = dict(local_prefill=("http://h:1;bootstrap=8998",), decode=("http://h:2",),
                 tokenizer_path=build_tiny_tokenizer(str(tmp_path / "tok")))
     with pytest.raises(ValueError, match=re.escape(flag)):
         RouterConfig(**{**base, **kw})
+
+
+def _minimal(tmp_path, **kw) -> RouterConfig:
+    return RouterConfig(local_prefill=("http://h:1;bootstrap=8998",), decode=("http://h:2",),
+                        tokenizer_path=build_tiny_tokenizer(str(tmp_path / "tok")), **kw)
+
+
+@pytest.mark.parametrize("host,token,open_", [
+    ("127.0.0.1", "", True), ("::1", "", True), ("localhost", "", True),
+    ("0.0.0.0", "", False), ("10.0.0.5", "", False), ("router.example", "", False), ("127.0.0.1", "t", False),
+])
+def test_admin_open_only_on_loopback_without_token(tmp_path, host, token, open_):
+    """M2: with no token, /admin/* answers only when nothing but this host can reach the listener."""
+    assert _minimal(tmp_path, host=host, admin_token=token).admin_open is open_
+
+
+def test_admin_token_from_env_flag_wins_and_stays_out_of_repr(tmp_path, monkeypatch):
+    tok = build_tiny_tokenizer(str(tmp_path / "tok"))
+    argv = ["--local-prefill", "http://h:1;bootstrap=8998", "--decode", "http://h:2", "--tokenizer-path", tok]
+    monkeypatch.setenv("PRFAAS_ROUTER_ADMIN_TOKEN", "from-env")
+    assert parse_config(argv).admin_token == "from-env"
+    cfg = parse_config(argv + ["--admin-token", "from-flag"])
+    assert cfg.admin_token == "from-flag" and "from-flag" not in repr(cfg)
+
+
+def test_body_limit_derives_from_context_length(tmp_path):
+    assert _minimal(tmp_path, context_length=4096).body_limit == 4096 * 16 + (1 << 20)
+    assert _minimal(tmp_path, max_body_bytes=12345).body_limit == 12345
 
 
 def test_router_imports_no_torch_or_sglang():

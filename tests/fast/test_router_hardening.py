@@ -45,13 +45,13 @@ def test_client_rid_and_internal_fields_never_reach_servers(tmp_path):
             req = {"model": "tiny", "prompt": LONG, "max_tokens": 4, "rid": "a", "bootstrap_room": 5,
                    "bootstrap_host": "10.6.6.6", "bootstrap_pair_key": "k", "http_worker_ipc": "ipc:///tmp/x",
                    "data_parallel_rank": 3, "routed_dp_rank": 3, "disagg_prefill_dp_rank": 1,
-                   "session_params": {"id": "s"}}
+                   "session_params": {"id": "s"}, "encoder_urls": ["http://10.6.6.6"]}
             assert (await r.post("/v1/completions", req))[0] == 200
             pre, dec = r.remote.received[0], r.decode.received[0]
             assert pre == dec and re.fullmatch("[0-9a-f]{32}", pre["rid"])
             assert pre["bootstrap_host"] == "127.0.0.1" and pre["bootstrap_room"] != 5
             assert not {"bootstrap_pair_key", "http_worker_ipc", "data_parallel_rank", "routed_dp_rank",
-                        "disagg_prefill_dp_rank", "session_params"} & pre.keys()
+                        "disagg_prefill_dp_rank", "session_params", "encoder_urls"} & pre.keys()
             r.remote.fail = "http500"  # the local retry is a new attempt: a new rid (SGLang refuses duplicates)
             assert (await r.post("/v1/completions", req))[0] == 200
             first, retry = r.decode.received[1], r.decode.received[2]
@@ -209,6 +209,7 @@ def test_server_4xx_relayed_unchanged_and_servers_stay_in_rotation(tmp_path, fir
 
 BAD_SAMPLING = [
     ("/v1/completions", {"temperature": -1}, "invalid_value"),
+    ("/v1/completions", {"temperature": float("inf")}, "invalid_value"),
     ("/v1/completions", {"top_p": 0}, "invalid_value"),
     ("/v1/chat/completions", {"top_p": 5}, "invalid_value"),
     ("/v1/completions", {"top_k": 0}, "invalid_value"),
