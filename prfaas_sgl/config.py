@@ -6,6 +6,7 @@ into SGLang's subprocesses as one `PrfaasConfig` stored on the (pickled) server-
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
@@ -34,9 +35,15 @@ class PrfaasConfig:
     )
     zmq_timeout_s: float = _opt("A transfer that makes no progress for this long fails.", default=30.0)
     zmq_curve_keys: str = _opt(
-        "Directory with CurveZMQ keys (server.key_secret, client.key_secret, authorized/*.key): encrypts "
-        "and authenticates the KV data plane. Empty = plaintext.",
+        "Directory made by `prfaas keys DIR` (CURVE key pairs, authorized keys, register.secret): encrypts "
+        "and authenticates the KV data plane and authenticates decode registrations. Required when the "
+        "server's address is not loopback, unless --prfaas-zmq-insecure.",
         default="",
+    )
+    zmq_insecure: bool = _opt(
+        "Run prfaas_zmq without keys on a routable address: plaintext KV, unauthenticated registrations "
+        "(any host that reaches the prefill can redirect KV). Only for trusted, isolated networks.",
+        default=False,
     )
     zmq_data_port: int = _opt(
         "First TCP port of the decode-side data-plane listener (0 = pick free ports).", default=0
@@ -59,12 +66,35 @@ class PrfaasConfig:
             )
         if self.zmq_timeout_s <= 0:
             raise ValueError(f"--prfaas-zmq-timeout-s must be > 0, got {self.zmq_timeout_s}")
-        if self.zmq_curve_keys and not os.path.isdir(self.zmq_curve_keys):
-            raise ValueError(f"--prfaas-zmq-curve-keys: {self.zmq_curve_keys!r} is not a directory")
+        self._check_keys()
         for name in ("zmq_data_port", "zmq_stats_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ValueError(f"--prfaas-{name.replace('_', '-')} must be in 0..65535, got {port}")
+
+    def _check_keys(self) -> None:
+        if not self.zmq_curve_keys:
+            return
+        if self.zmq_insecure:
+            raise ValueError("--prfaas-zmq-insecure and --prfaas-zmq-curve-keys contradict each other: give one")
+        if not os.path.isdir(self.zmq_curve_keys):
+            raise ValueError(f"--prfaas-zmq-curve-keys: {self.zmq_curve_keys!r} is not a directory")
+        from prfaas_sgl.transfer.security import register_secret
+
+        try:
+            register_secret(self.zmq_curve_keys)
+        except ValueError as e:
+            raise ValueError(f"--prfaas-zmq-curve-keys: {e}") from None
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses no other machine can reach (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def flag(name: str) -> str:
@@ -76,10 +106,11 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("prfaas", "Prefill-as-a-Service (prfaas_sgl plugin)")
     for f in fields(PrfaasConfig):
         kw = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
-        typ = type(f.default) if f.default is not MISSING else str
-        group.add_argument(
-            flag(f.name), dest=f"prfaas_{f.name}", type=typ, default=f.default, help=f.metadata["help"], **kw
-        )
+        if isinstance(f.default, bool):  # a switch: argparse's type=bool would read "False" as True
+            kw["action"] = "store_true"
+        else:
+            kw["type"] = type(f.default) if f.default is not MISSING else str
+        group.add_argument(flag(f.name), dest=f"prfaas_{f.name}", default=f.default, help=f.metadata["help"], **kw)
 
 
 def from_namespace(ns: argparse.Namespace) -> PrfaasConfig:

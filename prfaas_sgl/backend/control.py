@@ -1,7 +1,10 @@
 """Typed decode → prefill control messages of `prfaas_zmq`, carried on SGLang's control sockets.
 
-A message is two frames: `[TAG, msgpack(struct)]`; the struct is tagged by type, so nothing is read
-by position. SGLang's own frames on the same socket (ABORT) start with other tags.
+A message is `[TAG, msgpack(struct)]`, plus `mac` = HMAC-SHA256(register.secret, TAG + body) as a third
+frame when keys are configured; the struct is tagged by type, so nothing is read by position. SGLang's
+own frames on the same socket (ABORT) start with other tags. Only Register needs the MAC: it chooses
+where KV goes and which key encrypts it; a Metadata only names a registered session and a room id
+(a random 63-bit number the sender must already know), and its page count is checked against ours.
 Field names `endpoint`, `dst_port`, `is_dummy` are the ones SGLang's common manager reads from a
 room's transfer infos (`_room_notify_targets`), so a `Metadata` can be stored there as is.
 """
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import msgspec
 
+from prfaas_sgl.transfer import security
 from prfaas_sgl.transfer.layout import MemoryLayout
 
 TAG = b"PRFAAS_ZMQ"
@@ -34,13 +38,14 @@ class Register(msgspec.Struct, tag=True, frozen=True, kw_only=True):
 
 
 class Metadata(msgspec.Struct, tag=True, frozen=True, kw_only=True):
-    """Where one request's KV goes on a decode rank. `pages`: the decode's page ids past its cached
-    prefix, in request order; `state_indices`: per state component, None where nothing is sent."""
+    """Where one request's KV goes on a decode rank. `npages`: how many pages the decode allocated past
+    its cached prefix (their ids stay on the decode: its receiver scatters the stream into them);
+    `state_indices`: per state component, None where nothing is sent."""
 
     room: int
     endpoint: str
     dst_port: int
-    pages: list[int]
+    npages: int
     aux_index: int | None
     state_indices: list[list[int] | None]
     decode_prefix_len: int
@@ -56,13 +61,20 @@ _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Register | Metadata)
 
 
-def encode(msg: Register | Metadata) -> list[bytes]:
-    return [TAG, _ENCODER.encode(msg)]
+def encode(msg: Register | Metadata, secret: bytes | None = None) -> list[bytes]:
+    """Frames of `msg`; with `secret`, a third frame authenticates them (`authentic`)."""
+    body = _ENCODER.encode(msg)
+    return [TAG, body] if secret is None else [TAG, body, security.mac(secret, TAG + body)]
 
 
 def decode(frames: list[bytes]) -> Register | Metadata | None:
     """The message, or None when `frames` are not ours (another tag). Raises msgspec.DecodeError if a
     frame tagged as ours does not decode (a peer of another version)."""
-    if len(frames) != 2 or frames[0] != TAG:
+    if len(frames) not in (2, 3) or frames[0] != TAG:
         return None
     return _DECODER.decode(frames[1])
+
+
+def authentic(frames: list[bytes], secret: bytes) -> bool:
+    """True when `frames` carry a MAC of their body under `secret` (constant-time comparison)."""
+    return len(frames) == 3 and security.mac_ok(secret, frames[0] + frames[1], frames[2])

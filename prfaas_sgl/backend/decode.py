@@ -23,7 +23,9 @@ class DecodeManager(PrfaasKVManager):
                                     host=self.local_ip, port=port, faults=faults_from_env())
         self.expected: dict[int, int] = {}  # room → data-plane transfer id
         self.peer_rejections: dict[str, str] = {}  # prefill bootstrap address → why it is incompatible
+        self.data_plane = self.receiver
         self._start(self._control_loop, "prfaas-zmq-control")
+        self._start(self._watchdog, "prfaas-zmq-watchdog")
         self._start_heartbeat_checker_thread()
         log.info("prfaas_zmq decode receiver on %s", self.receiver.address.endpoint)
 
@@ -31,13 +33,16 @@ class DecodeManager(PrfaasKVManager):
         """SGLang raises on a page-size/dtype/layout mismatch, which would kill this scheduler; keep
         the reason instead so the receivers of that prefill fail with it and the server stays up."""
         try:
-            return super().try_ensure_parallel_info(bootstrap_addr)
+            ok = super().try_ensure_parallel_info(bootstrap_addr)
         except RuntimeError as e:
             reason = f"prfaas_zmq: prefill {bootstrap_addr} is incompatible: {e}"
             if self.peer_rejections.get(bootstrap_addr) != reason:  # SGLang retries once a second
                 log.error(reason)
             self.peer_rejections[bootstrap_addr] = reason
             return False
+        if ok:  # a prefill fixed and restarted at the same address is usable again (M6)
+            self.peer_rejections.pop(bootstrap_addr, None)
+        return ok
 
     # -- control messages (built here, sent by CommonKVReceiver) --------------------------------------
     def build_receiver_registration_message(self) -> list[bytes]:
@@ -46,14 +51,14 @@ class DecodeManager(PrfaasKVManager):
             endpoint=self.local_ip, dst_port=self.rank_port, data_host=addr.host, data_port=addr.port,
             server_key=addr.server_key, layout=self.memory.layout, page_size=self.kv_args.page_size,
             attn_tp_size=self.attn_tp_size, tp_rank=self.kv_args.engine_rank,
-        ))
+        ), self.register_secret)
 
     def build_receiver_metadata_message(self, *, bootstrap_room, required_dst_info_num, kv_indices, aux_index,
                                         state_indices, decode_prefix_len, is_dummy,
                                         device_kv_indices=None) -> list[bytes]:
         return control.encode(control.Metadata(
             room=int(bootstrap_room), endpoint=self.local_ip, dst_port=self.rank_port,
-            pages=[] if is_dummy else flat(kv_indices),
+            npages=0 if is_dummy else len(flat(kv_indices)),
             aux_index=None if is_dummy or aux_index is None else int(aux_index),
             state_indices=[] if is_dummy else flat_states(state_indices),
             decode_prefix_len=int(decode_prefix_len or 0), required_dst_info_num=int(required_dst_info_num),
@@ -69,10 +74,16 @@ class DecodeManager(PrfaasKVManager):
         # The deadline covers the prefill's queueing and compute too, hence SGLang's waiting timeout;
         # a dead prefill is caught sooner by the heartbeat.
         timeout_s = self.waiting_timeout + self.transfer_config.timeout_s
+        fatal = self.data_plane_fatal()
+        if fatal is not None:  # expect() would wait 10 s for a loop that is gone; check_status stops the server
+            return f"prfaas_zmq: cannot receive room {room}: data plane is dead: {fatal}"
         try:
             self.receiver.expect(tid, regions, timeout_s=timeout_s)
         except ValueError as e:
             return f"prfaas_zmq: cannot receive room {room}: {e}"
+        except Exception as e:  # a stalled or dead loop (TimeoutError, RuntimeError, ZMQError) fails this room only
+            log.exception("prfaas_zmq: expect(room %s) failed", room)
+            return f"prfaas_zmq: cannot receive room {room}: {type(e).__name__}: {e}"
         self.expected[room] = tid
         return None
 
@@ -81,6 +92,7 @@ class DecodeManager(PrfaasKVManager):
         tid = self.expected.get(bootstrap_room)
         if tid is None or status == KVPoll.Failed:
             return status
+        self.check_data_plane(bootstrap_room)
         data = self.receiver.poll(tid)
         if data.state.terminal and not data.ok:
             self.record_first_failure(bootstrap_room, f"prfaas_zmq transfer failed on decode: {data.reason}")

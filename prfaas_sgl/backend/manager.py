@@ -5,17 +5,28 @@ messages) with the ZeroMQ data plane underneath. SGLang builds one manager per s
 from __future__ import annotations
 
 import logging
+import signal
 import threading
+import time
 
+from sglang.srt.disaggregation.base.conn import KVPoll
 from sglang.srt.disaggregation.common.conn import CommonKVManager
 from sglang.srt.disaggregation.utils import DisaggregationMode
 
 from prfaas_sgl import compat
 from prfaas_sgl.backend import control
 from prfaas_sgl.backend.memory import KVMemory
-from prfaas_sgl.backend.settings import transfer_config
+from prfaas_sgl.backend.settings import insecure_problem, transfer_config
+from prfaas_sgl.transfer.security import register_secret
 
 log = logging.getLogger(__name__)
+_WATCHDOG_S = 1.0  # how often an idle server looks at its data-plane loop
+
+
+class DataPlaneDead(RuntimeError):
+    """The transport's loop thread died: this server can move no more KV. Raised on the scheduler thread,
+    where SGLang's crash handling takes the whole server down, so /health fails and the router (and any
+    supervisor) stop sending here instead of every request waiting out its timeout."""
 
 
 class PrfaasKVManager(CommonKVManager):
@@ -42,8 +53,14 @@ class PrfaasKVManager(CommonKVManager):
                              f"(got {server_args.device!r}); use mooncake on GPUs")
         super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
         self.prfaas_config = compat.get_config(server_args)
+        problem = insecure_problem(self.prfaas_config, self.local_ip)
+        if problem:
+            raise ValueError(problem)
         self.transfer_config = transfer_config(self.prfaas_config)
+        keys = self.transfer_config.keys_dir
+        self.register_secret = register_secret(keys) if keys else None  # HMAC key of Register messages
         self.memory = KVMemory.of(args)
+        self.data_plane = None  # the role's ZmqSender / ZmqReceiver
         self._stopped = False
         log.info("prfaas_zmq %s rank %s: %s", disaggregation_mode.value, args.engine_rank, self.memory.describe())
 
@@ -51,6 +68,38 @@ class PrfaasKVManager(CommonKVManager):
         t = threading.Thread(target=target, name=name, daemon=True)
         t.start()
         return t
+
+    # -- data-plane liveness ---------------------------------------------------------------------------
+    def data_plane_fatal(self) -> str | None:
+        """Why the transport's loop thread died, or None while it runs (`fatal` of ZmqSender/ZmqReceiver)."""
+        return getattr(self.data_plane, "fatal", None)
+
+    def check_data_plane(self, room: int) -> None:
+        """Scheduler thread: when the loop died, fail `room` with the reason and raise DataPlaneDead."""
+        fatal = self.data_plane_fatal()
+        if fatal is None:
+            return
+        reason = f"prfaas_zmq data plane is dead: {fatal}"
+        self.record_first_failure(room, reason)
+        self.update_status(room, KVPoll.Failed)
+        log.critical("%s; stopping the server so that /health fails", reason)
+        raise DataPlaneDead(reason)
+
+    def _watchdog(self) -> None:
+        """An idle server never polls a transfer: notice a dead loop here and take the server down the
+        way SGLang's scheduler does when it crashes (SIGQUIT to the launcher, which kills the tree)."""
+        while not self._stopped:
+            time.sleep(_WATCHDOG_S)
+            fatal = self.data_plane_fatal()
+            if fatal is not None:
+                log.critical("prfaas_zmq data plane is dead: %s; stopping the server so that /health fails", fatal)
+                self.stop_server()
+                return
+
+    def stop_server(self) -> None:
+        import psutil
+
+        psutil.Process().parent().send_signal(signal.SIGQUIT)
 
     def record_first_failure(self, room: int, reason: str) -> None:
         """Record `reason` unless a root cause is already known (later failures are its symptoms)."""

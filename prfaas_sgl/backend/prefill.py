@@ -8,15 +8,19 @@ import time
 from dataclasses import dataclass, field
 
 import msgspec
+import zmq
 from sglang.srt.disaggregation.base.conn import KVPoll
 from sglang.srt.disaggregation.common.conn import ABORT_TAG, AbortNotification
+from sglang.srt.environ import envs
 
 from prfaas_sgl.backend import control
+from prfaas_sgl.backend.admission import Admission, PeerBook
 from prfaas_sgl.backend.manager import PrfaasKVManager
 from prfaas_sgl.backend.memory import flat, transfer_id
 from prfaas_sgl.backend.settings import faults_from_env, offset_port
 from prfaas_sgl.transfer.config import PeerInfo
 from prfaas_sgl.transfer.sender import ZmqSender
+from prfaas_sgl.transfer.states import TransferState, TransferStatus
 
 log = logging.getLogger(__name__)
 _WATCH_S = 0.002  # completion polling period while transfers are open (a dict lookup per transfer)
@@ -37,13 +41,19 @@ class PrefillManager(PrfaasKVManager):
         stats = offset_port(self.prfaas_config.zmq_stats_port, args.engine_rank) or None
         self.sender = ZmqSender(self.memory.layout, self.memory.buffers, self.transfer_config,
                                 faults=faults_from_env(), stats_port=stats)
-        self.peers: dict[str, control.Register] = {}
+        self.data_plane = self.sender
+        self.peers = PeerBook(Admission(self.register_secret, self.transfer_config.keys_dir))
         self.rejections: dict[str, str] = {}  # decode session → why we cannot send to it
         self._open: dict[int, _Outgoing] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        # rooms with Metadata whose prefill has not sent a chunk yet → when the Metadata came (L1). By
+        # then the decode gave up (waiting timeout), and SGLang's sender fails a room it cannot find.
+        self._unstarted: dict[int, float] = {}
+        self._room_ttl_s = envs.SGLANG_DISAGGREGATION_WAITING_TIMEOUT.get() + self.bootstrap_timeout
         self._start(self._control_loop, "prfaas-zmq-control")
         self._start(self._watch_loop, "prfaas-zmq-watch")
+        self._start(self._watchdog, "prfaas-zmq-watchdog")
 
     # -- scheduler thread ----------------------------------------------------------------------------
     def add_transfer_request(self, bootstrap_room, kv_indices, index_slice, is_last_chunk, aux_index=None,
@@ -51,8 +61,10 @@ class PrefillManager(PrfaasKVManager):
         """Queue one prefill chunk (`kv_indices`: page ids, request order; `index_slice`: their place in
         the pages sent for this request). The last chunk also carries state items and the aux row."""
         room = bootstrap_room
+        self._unstarted.pop(room, None)
         if self.request_status.get(room) in (None, KVPoll.Failed):
             return
+        self.check_data_plane(room)
         infos = self.transfer_infos.get(room)
         if not infos:  # the scheduler only prefills bootstrapped rooms: this is a bookkeeping bug
             reason = f"prfaas_zmq: no decode destination for room {room}"
@@ -77,11 +89,19 @@ class PrefillManager(PrfaasKVManager):
 
     def _problem(self, session: str, info: control.Metadata, index_slice: slice, npages: int) -> str | None:
         if session not in self.peers:
-            return f"decode {session} sent metadata for room {info.room} without registering its data address"
+            return f"decode {session} sent metadata for room {info.room} {self.peers.unregistered(session)}"
         return self.rejections.get(session) or _overflow(info, index_slice, npages)
 
+    def check_status(self, bootstrap_room: int) -> KVPoll:
+        if bootstrap_room in self._open:
+            self.check_data_plane(bootstrap_room)
+        return self.request_status[bootstrap_room]
+
     def _send(self, room: int, session: str, info: control.Metadata, regions, last: bool) -> None:
-        peer = self.peers[session]
+        peer = self.peers.get(session)
+        if peer is None:  # evicted from the book since _problem looked
+            self.conclude_failure(bootstrap_room=room, failure_reason=f"decode {session} is no longer registered")
+            return
         tid = transfer_id(room, info.endpoint, info.dst_port)
         with self._lock:
             out = self._open.setdefault(room, _Outgoing(room))
@@ -92,17 +112,23 @@ class PrefillManager(PrfaasKVManager):
 
     # -- control thread: decode → prefill messages ---------------------------------------------------
     def _control_loop(self) -> None:
-        recv = self._make_worker_recv(self.server_socket)
+        poller = zmq.Poller()
+        poller.register(self.server_socket, zmq.POLLIN)
         while not self._stopped:
-            frames = recv()
-            if frames is None:
+            if not poller.poll(500):  # a timeout lets teardown (role switch) stop this thread
+                continue
+            parts = self.server_socket.recv_multipart(copy=False)
+            frames = [p.bytes for p in parts]
+            if self.deferred_bootstrap is not None and self._handle_bootstrap_message(frames):
                 continue
             try:
-                self._on_control(frames)
+                self._on_control(frames, _peer_ip(parts[0]))
             except (msgspec.DecodeError, msgspec.ValidationError) as e:
                 log.error("prfaas_zmq: undecodable control message (peer of another version?): %s", e)
+            except Exception:  # one bad message must not end the only thread that hears decodes
+                log.exception("prfaas_zmq: control message failed")
 
-    def _on_control(self, frames: list[bytes]) -> None:
+    def _on_control(self, frames: list[bytes], peer_ip: str | None = None) -> None:
         if frames and frames[0] == ABORT_TAG:
             note = AbortNotification.from_zmq(frames)
             if note is not None and self.request_status.get(note.room) not in (None, KVPoll.Success):
@@ -111,24 +137,29 @@ class PrefillManager(PrfaasKVManager):
             return
         msg = control.decode(frames)
         if isinstance(msg, control.Register):
-            self._on_register(msg)
+            self._on_register(frames, msg, peer_ip)
         elif isinstance(msg, control.Metadata):
             self._on_metadata(msg)
 
-    def _on_register(self, msg: control.Register) -> None:
+    def _on_register(self, frames: list[bytes], msg: control.Register, peer_ip: str | None) -> None:
+        if not self.peers.admit(frames, msg, peer_ip):
+            return
         problem = self.memory.layout.mismatch(msg.layout)
         if msg.page_size != self.kv_args.page_size:
             problem = (f"page size mismatch: decode page_size={msg.page_size}, "
                        f"prefill page_size={self.kv_args.page_size}")
-        self.peers[msg.session] = msg
         if problem:
             self.rejections[msg.session] = f"prfaas_zmq cannot send to decode {msg.session}: {problem}"
             log.error(self.rejections[msg.session])
         else:
             self.rejections.pop(msg.session, None)
             log.info("prfaas_zmq: decode %s registered (data %s:%s)", msg.session, msg.data_host, msg.data_port)
+        for gone in [s for s in self.rejections if s not in self.peers]:  # bounded with the book
+            self.rejections.pop(gone, None)
 
     def _on_metadata(self, msg: control.Metadata) -> None:
+        self.peers.touch(msg.session)
+        self._unstarted.setdefault(msg.room, time.monotonic())
         infos = self.transfer_infos.setdefault(msg.room, {})
         infos[msg.session] = msg
         if len(infos) == msg.required_dst_info_num:
@@ -137,43 +168,90 @@ class PrefillManager(PrfaasKVManager):
 
     # -- watch thread: conclude rooms from data-plane status -----------------------------------------
     def _watch_loop(self) -> None:
+        last_expiry = time.monotonic()
         while not self._stopped:
-            if not self._open:
-                self._wake.wait(0.5)
-                self._wake.clear()
-                continue
-            time.sleep(_WATCH_S)
-            with self._lock:
-                rooms = list(self._open.values())
-            for out in rooms:
+            try:
+                self._watch_step()
+                if time.monotonic() - last_expiry > 1.0:
+                    last_expiry = time.monotonic()
+                    self._expire_unstarted(last_expiry)
+            except Exception:  # the only thread that concludes rooms must outlive any bug in one step (M4)
+                log.exception("prfaas_zmq: watch step failed")
+                time.sleep(_WATCH_S)
+
+    def _watch_step(self) -> None:
+        if not self._open:
+            self._wake.wait(0.5)
+            self._wake.clear()
+            return
+        time.sleep(_WATCH_S)
+        with self._lock:
+            rooms = list(self._open.values())
+        for out in rooms:
+            try:
                 self._check(out)
+            except Exception as e:
+                log.exception("prfaas_zmq: checking room %s failed", out.room)
+                self.conclude_failure(bootstrap_room=out.room, failure_reason=f"prfaas_zmq: internal error: {e!r}")
+                self._drop(out)
+
+    def _tids(self, out: _Outgoing) -> dict[int, tuple[str, int]]:
+        # the scheduler thread adds a room's second destination while we look (MLA, decode TP > prefill TP)
+        with self._lock:
+            return dict(out.tids)
 
     def _check(self, out: _Outgoing) -> None:
         status = self.request_status.get(out.room)
         if status in (None, KVPoll.Failed):  # cleared, aborted by decode, or failed elsewhere
             self._drop(out)
             return
-        states = {tid: self.sender.poll(tid) for tid in out.tids}
+        tids = self._tids(out)
+        states = {tid: self.sender.poll(tid) for tid in tids}
         bad = next((s for s in states.values() if s.state.terminal and not s.ok), None)
+        if bad is None and self.data_plane_fatal() is not None:
+            bad = TransferStatus(TransferState.FAILED, f"data plane is dead: {self.data_plane_fatal()}")
         if bad is not None:
             self.conclude_failure(bootstrap_room=out.room, failure_reason=f"prfaas_zmq transfer failed: {bad.reason}",
-                                  targets=list(out.tids.values()))
+                                  targets=list(tids.values()))
             self._drop(out)
         elif out.closed and all(s.ok for s in states.values()):
-            self.conclude_transfer(bootstrap_room=out.room, status=KVPoll.Success, targets=list(out.tids.values()))
+            self.conclude_transfer(bootstrap_room=out.room, status=KVPoll.Success, targets=list(tids.values()))
             self._drop(out)
 
     def _drop(self, out: _Outgoing) -> None:
         with self._lock:
             self._open.pop(out.room, None)
-        for tid in out.tids:
+            tids = list(out.tids)
+        for tid in tids:
             self.sender.release(tid)  # aborts a transfer that is still running, tells the receiver
+
+    def _expire_unstarted(self, now: float) -> None:
+        """Forget rooms whose prefill never started (L1): the decode gave up on them long ago."""
+        for room, since in list(self._unstarted.items()):
+            if now - since < self._room_ttl_s:
+                break  # insertion order is arrival order
+            self._unstarted.pop(room, None)
+            if room in self._open:
+                continue
+            self.transfer_infos.pop(room, None)
+            self.req_to_decode_prefix_len.pop(room, None)
+            self.request_status.pop(room, None)
+            with self.failure_lock:
+                self.failure_records.pop(room, None)
+
+
+def _peer_ip(frame) -> str | None:
+    """The TCP peer a control message came from (libzmq's Peer-Address), None when not known."""
+    try:
+        return frame.get("Peer-Address")
+    except (zmq.ZMQError, AttributeError):
+        return None
 
 
 def _overflow(info: control.Metadata, index_slice: slice, npages: int) -> str | None:
     """Pages [start, stop) of this chunk must exist among the decode's allocated pages."""
     start = index_slice.start or 0
-    if start + npages > len(info.pages):
+    if start + npages > info.npages:
         return (f"prefill sends pages [{start}, {start + npages}) of room {info.room} but decode "
-                f"{info.session} allocated {len(info.pages)} pages (different prompt length or page size?)")
+                f"{info.session} allocated {info.npages} pages (different prompt length or page size?)")
     return None

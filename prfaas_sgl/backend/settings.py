@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from prfaas_sgl.config import PrfaasConfig
+from prfaas_sgl.config import PrfaasConfig, flag, is_loopback
 from prfaas_sgl.transfer import faults as F
 from prfaas_sgl.transfer.config import TransferConfig
 
@@ -21,6 +21,16 @@ def transfer_config(cfg: PrfaasConfig) -> TransferConfig:
         connections=cfg.zmq_connections, chunk_bytes=cfg.zmq_chunk_bytes, window_bytes=cfg.zmq_window_bytes,
         timeout_s=cfg.zmq_timeout_s, keys_dir=cfg.zmq_curve_keys or None,
     )
+
+
+def insecure_problem(cfg: PrfaasConfig, host: str) -> str | None:
+    """Why this server must not start (no keys on a routable `host`), or None. Without keys the data
+    listener takes bytes from anyone and the prefill sends KV wherever an unauthenticated Register says."""
+    if cfg.zmq_curve_keys or cfg.zmq_insecure or is_loopback(host):
+        return None
+    return (f"prfaas_zmq on routable address {host} without keys: create them with `prfaas keys DIR` and "
+            f"start every server with {flag('zmq_curve_keys')} DIR, or pass {flag('zmq_insecure')} to accept "
+            "plaintext, unauthenticated KV transfer on a trusted network")
 
 
 def faults_from_env(environ: Mapping[str, str] = os.environ) -> tuple[F.Fault, ...]:

@@ -6,8 +6,8 @@ same file, so nothing is kept in sync by hand. Example: docs/deploy-two-datacent
 
     [deployment]
     model = "/models/Qwen3.5-35B"      # or "tiny:tiny-qwen35-hybrid" (built offline)
-    transfer_backend = "prfaas_zmq"
     device = "cuda"                     # "cpu" adds the CPU serving flags (prfaas_sgl.launch)
+    transfer_backend = "mooncake"       # default: mooncake on cuda, prfaas_zmq (cpu only for now) on cpu
     server_args = ["--page-size", "64"] # for every server
 
     [[servers]]
@@ -23,8 +23,11 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prfaas_sgl.config import is_loopback
+
 POOLS = ("prfaas", "local_prefill", "decode")
 DEVICES = ("cpu", "cuda")
+DEFAULT_BACKEND = {"cpu": "prfaas_zmq", "cuda": "mooncake"}
 
 
 @dataclass(frozen=True)
@@ -61,12 +64,14 @@ class Deployment:
     servers: tuple[ServerEntry, ...]
     router: dict = field(default_factory=dict)
     transfer_backend: str = "prfaas_zmq"
-    device: str = "cuda"
+    device: str = "cpu"
     server_args: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.device not in DEVICES:
             raise ValueError(f"deployment.device must be one of {DEVICES}, got {self.device!r}")
+        if self.transfer_backend == "prfaas_zmq":
+            self._check_prfaas_zmq()
         names = [s.name for s in self.servers]
         if len(set(names)) != len(names):
             raise ValueError(f"servers: duplicate names in {names}")
@@ -75,6 +80,19 @@ class Deployment:
                 raise ValueError(f"servers: at least one server with pool = {pool!r} is required")
         if not any(s.pool != "decode" for s in self.servers):
             raise ValueError("servers: at least one prefill server (pool prfaas or local_prefill) is required")
+
+    def _check_prfaas_zmq(self) -> None:
+        """What `PrfaasKVManager` would refuse at start-up, refused here when the file is read."""
+        if self.device != "cpu":
+            # the data plane reads and writes pool memory through host pointers (no GPU staging yet)
+            raise ValueError(f"deployment.transfer_backend = 'prfaas_zmq' needs device = 'cpu' for now, got "
+                             f"{self.device!r}: use transfer_backend = 'mooncake' on GPUs")
+        for s in self.servers:
+            args = self.server_args + s.args
+            if not is_loopback(s.host) and not {"--prfaas-zmq-curve-keys", "--prfaas-zmq-insecure"} & set(args):
+                raise ValueError(f"servers[{s.name}]: host {s.host} is routable, so prfaas_zmq needs keys: add "
+                                 "'--prfaas-zmq-curve-keys', DIR (made by `prfaas keys DIR`) to server_args, or "
+                                 "'--prfaas-zmq-insecure' on a trusted network")
 
     def on(self, machine: str | None) -> tuple[ServerEntry, ...]:
         return tuple(s for s in self.servers if machine is None or s.machine == machine)
@@ -106,8 +124,9 @@ def parse(raw: dict) -> Deployment:
     servers = tuple(
         ServerEntry(**{**s, "args": tuple(s.get("args", ()))}) for s in raw.get("servers", [])
     )
+    device = dep.get("device", "cuda")
     return Deployment(
         model=dep["model"], servers=servers, router=dict(raw.get("router", {})),
-        transfer_backend=dep.get("transfer_backend", "prfaas_zmq"), device=dep.get("device", "cuda"),
+        transfer_backend=dep.get("transfer_backend", DEFAULT_BACKEND.get(device, "prfaas_zmq")), device=device,
         server_args=tuple(dep.get("server_args", ())),
     )

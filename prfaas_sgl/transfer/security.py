@@ -1,21 +1,29 @@
-"""CurveZMQ encryption + authentication for the data plane.
+"""CurveZMQ encryption + authentication for the data plane, and the shared secret of the control plane.
 
 Keys directory (`TransferConfig.keys_dir`), in zmq.auth certificate format:
 
     KEYS_DIR/server.key, server.key_secret   receiver (decode) key pair
     KEYS_DIR/client.key, client.key_secret   sender (prefill) key pair
     KEYS_DIR/authorized_clients/*.key        public keys a receiver accepts
+    KEYS_DIR/authorized_servers/*.key        public keys a sender sends to, besides server.key
+    KEYS_DIR/register.secret                 shared secret: HMAC-SHA256 key of decode → prefill Register
 
 A receiver only completes the CURVE handshake with clients whose public key is in authorized_clients,
-so a peer without an authorized key can neither connect nor inject bytes. Create a directory with
-`python -m prfaas_sgl.transfer.security KEYS_DIR`; copy the client pair to prefill hosts, the server
-pair to decode hosts, the public halves everywhere.
+so a peer without an authorized key can neither connect nor inject bytes. A sender only connects to a
+server key it trusts (server.key or authorized_servers), whatever key a peer announces: a forged
+announcement cannot make it encrypt KV for an attacker. Create a directory with `prfaas keys KEYS_DIR`;
+copy the client pair to prefill hosts, the server pair to decode hosts, the public halves and
+register.secret everywhere.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import hashlib
+import hmac
 import os
+import secrets
 import shutil
 
 import zmq
@@ -23,19 +31,64 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 AUTHORIZED = "authorized_clients"
+AUTHORIZED_SERVERS = "authorized_servers"
+SECRET = "register.secret"
 
 
 def generate_keys(keys_dir: str, client_name: str = "client") -> None:
-    """Create server and client key pairs and authorize the client. Existing files are replaced."""
-    os.makedirs(os.path.join(keys_dir, AUTHORIZED), exist_ok=True)
-    zmq.auth.create_certificates(keys_dir, "server")
+    """Create server and client key pairs, authorize the client, trust the server, and write a fresh
+    Register secret. Existing files are replaced."""
+    for sub in (AUTHORIZED, AUTHORIZED_SERVERS):
+        os.makedirs(os.path.join(keys_dir, sub), exist_ok=True)
+    server, _ = zmq.auth.create_certificates(keys_dir, "server")
     public, _ = zmq.auth.create_certificates(keys_dir, client_name)
     shutil.copy(public, os.path.join(keys_dir, AUTHORIZED, f"{client_name}.key"))
+    shutil.copy(server, os.path.join(keys_dir, AUTHORIZED_SERVERS, "server.key"))
+    path = os.path.join(keys_dir, SECRET)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
 
 
 def server_public_key(keys_dir: str) -> str:
     public, _ = zmq.auth.load_certificate(os.path.join(keys_dir, "server.key"))
     return public.decode()
+
+
+def trusted_server_keys(keys_dir: str) -> frozenset[str]:
+    """z85 public keys a sender may connect to: server.key and authorized_servers/*.key."""
+    paths = [os.path.join(keys_dir, "server.key")] + glob.glob(os.path.join(keys_dir, AUTHORIZED_SERVERS, "*.key"))
+    return frozenset(zmq.auth.load_certificate(p)[0].decode() for p in paths if os.path.isfile(p))
+
+
+def server_key_problem(keys_dir: str, server_key: str | None) -> str | None:
+    """Why a sender must not connect to `server_key` (None = keys_dir's own server.key), or None."""
+    if server_key is None or server_key in trusted_server_keys(keys_dir):
+        return None
+    return (f"untrusted CURVE server key {server_key[:8]}...: not server.key nor in "
+            f"{os.path.join(keys_dir, AUTHORIZED_SERVERS)}")
+
+
+def register_secret(keys_dir: str) -> bytes:
+    """The shared HMAC key of Register messages. Raises ValueError naming the fix when it is missing."""
+    path = os.path.join(keys_dir, SECRET)
+    try:
+        with open(path, "rb") as f:
+            secret = f.read().strip()
+    except FileNotFoundError:
+        secret = b""
+    if len(secret) < 32:
+        raise ValueError(f"{path} is missing or shorter than 32 bytes: create the keys directory with "
+                         "`prfaas keys DIR` and copy register.secret to every prefill and decode host")
+    return secret
+
+
+def mac(secret: bytes, payload: bytes) -> bytes:
+    return hmac.new(secret, payload, hashlib.sha256).digest()
+
+
+def mac_ok(secret: bytes, payload: bytes, tag: bytes) -> bool:
+    return hmac.compare_digest(mac(secret, payload), tag)
 
 
 def secure_server(ctx: zmq.Context, sock: zmq.Socket, keys_dir: str) -> ThreadAuthenticator:
@@ -52,7 +105,11 @@ def secure_server(ctx: zmq.Context, sock: zmq.Socket, keys_dir: str) -> ThreadAu
 
 def secure_client(sock: zmq.Socket, keys_dir: str, server_key: str | None,
                   client_name: str = "client") -> None:
-    """Make `sock` a CURVE client of a server with public key `server_key` (z85; default: keys_dir's)."""
+    """Make `sock` a CURVE client of a server with public key `server_key` (z85; default: keys_dir's).
+    Raises ValueError when `server_key` is not a trusted key (`server_key_problem`)."""
+    problem = server_key_problem(keys_dir, server_key)
+    if problem:
+        raise ValueError(problem)
     public, secret = zmq.auth.load_certificate(os.path.join(keys_dir, f"{client_name}.key_secret"))
     sock.curve_publickey = public
     sock.curve_secretkey = secret

@@ -1,0 +1,338 @@
+"""prfaas_zmq backend hardening (issue 12): forged Registers (H1), the watch thread (M4), blacklisted
+prefills (M6), leaked rooms (L1), a dead data-plane loop (H5, decode side), keys by default (M3).
+
+Managers are built without SGLang's constructor (no bootstrap server, no scheduler); their methods run
+as SGLang calls them, against a stub sender/receiver that records what it is asked to do."""
+from __future__ import annotations
+
+import collections
+import shutil
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sglang", reason="the backend subclasses SGLang's KV manager")
+
+from sglang.srt.disaggregation.base.conn import KVPoll  # noqa: E402
+
+from prfaas_sgl.backend import control  # noqa: E402
+from prfaas_sgl.backend.admission import Admission, PeerBook  # noqa: E402
+from prfaas_sgl.backend.decode import DecodeManager  # noqa: E402
+from prfaas_sgl.backend.manager import DataPlaneDead  # noqa: E402
+from prfaas_sgl.backend.memory import KVMemory  # noqa: E402
+from prfaas_sgl.backend.prefill import PrefillManager, _Outgoing  # noqa: E402
+from prfaas_sgl.backend.settings import insecure_problem  # noqa: E402
+from prfaas_sgl.config import PrfaasConfig  # noqa: E402
+from prfaas_sgl.transfer.config import TransferConfig  # noqa: E402
+from prfaas_sgl.transfer.security import generate_keys, register_secret, server_public_key  # noqa: E402
+from prfaas_sgl.transfer.states import TransferState as S, TransferStatus  # noqa: E402
+
+DECODE_IP, ATTACKER_IP = "10.0.0.2", "10.6.6.6"
+ROOM = 77
+_BUFS = [np.zeros(4 * 256, np.uint8) for _ in range(3)]  # 2 K/V buffers of 4 pages, 1 aux buffer of 4 rows
+
+
+def kv_args():
+    ptrs = [b.ctypes.data for b in _BUFS]
+    return SimpleNamespace(kv_data_ptrs=ptrs[:2], kv_data_lens=[1024, 1024], kv_item_lens=[256, 256],
+                           aux_data_ptrs=ptrs[2:], aux_data_lens=[1024], aux_item_lens=[256], page_size=1)
+
+
+class StubSender:
+    def __init__(self):
+        self.sent, self.released, self.fatal = [], [], None
+        self.status: dict[int, TransferStatus] = {}
+        self.on_release = None
+
+    def send(self, tid, peer, regions, last=False):
+        self.sent.append((tid, peer, last))
+
+    def poll(self, tid):
+        return self.status.get(tid, TransferStatus(S.TRANSFERRING))
+
+    def release(self, tid):
+        self.released.append(tid)
+        if self.on_release:
+            self.on_release(tid)
+
+
+def _common(m, keys_dir):
+    m.kv_args = kv_args()
+    m.memory = KVMemory.of(m.kv_args)
+    m.transfer_config = TransferConfig(keys_dir=keys_dir)
+    m.register_secret = register_secret(keys_dir) if keys_dir else None
+    m.request_status, m.failure_records, m.failure_lock = {}, {}, threading.Lock()
+    m._deferred_ack_targets, m._deferred_ack_poisoned_rooms = {}, set()
+    m._staging_outstanding, m.deferred_bootstrap = collections.defaultdict(int), None
+    m.local_ip, m.rank_port, m.attn_tp_size, m._stopped = DECODE_IP, 5555, 1, False
+    m.status_messages = []
+    m.send_kv_status_message = lambda **kw: m.status_messages.append(kw)
+
+
+def make_prefill(keys_dir=None) -> PrefillManager:
+    m = object.__new__(PrefillManager)
+    _common(m, keys_dir)
+    m.sender = m.data_plane = StubSender()
+    m.peers = PeerBook(Admission(m.register_secret, keys_dir))
+    m.rejections, m._open, m._lock, m._wake = {}, {}, threading.Lock(), threading.Event()
+    m.transfer_infos, m.req_to_decode_prefix_len, m._unstarted, m._room_ttl_s = {}, {}, {}, 600.0
+    return m
+
+
+def register(host=DECODE_IP, data_host=None, server_key=None, port=5555):
+    return control.Register(endpoint=host, dst_port=port, data_host=data_host or host, data_port=7000,
+                            server_key=server_key, layout=KVMemory.of(kv_args()).layout, page_size=1,
+                            attn_tp_size=1, tp_rank=0)
+
+
+def metadata(room=ROOM, npages=4, port=5555):
+    return control.Metadata(room=room, endpoint=DECODE_IP, dst_port=port, npages=npages, aux_index=0,
+                            state_indices=[], decode_prefix_len=0, required_dst_info_num=1, is_dummy=False)
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    good, attacker = tmp_path_factory.mktemp("keys"), tmp_path_factory.mktemp("attacker")
+    generate_keys(str(good))
+    generate_keys(str(attacker))
+    return str(good), str(attacker)
+
+
+# -- H1: a forged Register must not choose where KV goes or which key encrypts it -------------------------
+def test_forged_register_cannot_redirect_kv(keys):
+    """Before the fix, the last Register for a session won: the sender got the attacker's address and key."""
+    good, attacker = keys
+    m = make_prefill(good)
+    secret = register_secret(good)
+    legit = register(server_key=server_public_key(good))
+    m._on_control(control.encode(legit, secret), DECODE_IP)
+    forged = control.Register(**{**{f: getattr(legit, f) for f in legit.__struct_fields__},
+                                 "data_host": ATTACKER_IP, "server_key": server_public_key(attacker)})
+    m._on_control(control.encode(forged), ATTACKER_IP)  # unsigned
+    m._on_control(control.encode(forged, b"x" * 32), ATTACKER_IP)  # signed with a guessed secret
+    m._on_control(control.encode(metadata()), DECODE_IP)
+    m.add_transfer_request(ROOM, np.arange(4), slice(0, 4), is_last_chunk=True, aux_index=0)
+    (_, peer, _), = m.sender.sent
+    assert (peer.host, peer.server_key) == (DECODE_IP, server_public_key(good))
+    assert m.peers.refusals == {"unsigned": 1, "bad_mac": 1}
+
+
+@pytest.mark.parametrize("case, counter", [
+    ("data_host_elsewhere", "host_mismatch"), ("sent_from_elsewhere", "host_mismatch"),
+    ("untrusted_key", "untrusted_key"), ("bad_port", "bad_address"),
+])
+def test_signed_register_is_still_checked(keys, case, counter):
+    good, attacker = keys
+    m = make_prefill(good)
+    key, peer_ip, msg = server_public_key(good), DECODE_IP, None
+    if case == "data_host_elsewhere":
+        msg = register(data_host=ATTACKER_IP, server_key=key)
+    elif case == "sent_from_elsewhere":
+        msg, peer_ip = register(server_key=key), ATTACKER_IP
+    elif case == "untrusted_key":
+        msg = register(server_key=server_public_key(attacker))
+    else:
+        msg = control.Register(**{**{f: getattr(register(server_key=key), f) for f in control.Register.__struct_fields__},
+                                  "data_port": 0})
+    m._on_control(control.encode(msg, register_secret(good)), peer_ip)
+    assert msg.session not in m.peers and m.peers.refusals == {counter: 1}
+    m._on_control(control.encode(metadata()), DECODE_IP)
+    m.add_transfer_request(ROOM, np.arange(4), slice(0, 4), is_last_chunk=True, aux_index=0)
+    assert m.sender.sent == [] and m.request_status[ROOM] == KVPoll.Failed
+    assert counter in m.failure_records[ROOM]  # the decode learns why
+
+
+def test_loopback_sender_may_register_a_routable_endpoint(keys):
+    """The demo's decode (10.x) reaches a prefill on 127.0.0.1 over loopback."""
+    good, _ = keys
+    m = make_prefill(good)
+    assert m.peers.admit(control.encode(register(server_key=None), register_secret(good)), register(), "127.0.0.1")
+
+
+def test_peer_book_is_bounded():
+    book = PeerBook(Admission(None, None), cap=3)
+    for port in range(10):
+        msg = register(port=port + 1)
+        book.admit(control.encode(msg), msg, DECODE_IP)
+        if port == 1:
+            book.touch(f"{DECODE_IP}:1")  # in use: survives the next evictions
+    assert len(book) == 3 and f"{DECODE_IP}:1" not in book and f"{DECODE_IP}:10" in book
+
+
+def test_secure_client_refuses_a_key_it_does_not_trust(keys):
+    """Second H1 repro: a sender with keys_dir used to connect to whatever server key a Register named."""
+    import zmq
+
+    from prfaas_sgl.transfer.security import secure_client
+
+    good, attacker = keys
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        with pytest.raises(ValueError, match="untrusted CURVE server key"):
+            secure_client(sock, good, server_public_key(attacker))
+        secure_client(sock, good, server_public_key(good))
+        secure_client(sock, good, None)
+    finally:
+        sock.close(0)
+
+
+def test_authorized_servers_extend_the_trusted_set(keys, tmp_path):
+    from prfaas_sgl.transfer.security import server_key_problem, trusted_server_keys
+
+    good, attacker = keys
+    d = tmp_path / "k"
+    shutil.copytree(good, d)
+    assert server_key_problem(str(d), server_public_key(attacker))
+    shutil.copy(f"{attacker}/server.key", d / "authorized_servers" / "decode-b.key")
+    assert server_key_problem(str(d), server_public_key(attacker)) is None
+    assert trusted_server_keys(str(d)) == {server_public_key(good), server_public_key(attacker)}
+
+
+# -- M4: the watch thread survives a destination added while it looks ---------------------------------
+def test_drop_survives_tids_inserted_during_release():
+    m = make_prefill()
+    out = _Outgoing(ROOM, {1: ("a", 1), 2: ("b", 2)})
+    m._open[ROOM] = out
+    m.sender.on_release = lambda tid: out.tids.setdefault(tid + 100, ("c", 3))  # the scheduler adds one
+    m._drop(out)  # raised "dictionary changed size during iteration" before the fix
+    assert m.sender.released == [1, 2] and ROOM not in m._open
+
+
+def test_watch_step_failure_fails_only_that_room():
+    m = make_prefill()
+    m.request_status.update({1: KVPoll.Transferring, 2: KVPoll.Transferring})
+    m.transfer_infos.update({1: {}, 2: {}})
+    bad, good = _Outgoing(1, {11: ("a", 1)}, closed=True), _Outgoing(2, {22: ("a", 1)}, closed=True)
+    m._open.update({1: bad, 2: good})
+    m.sender.status[22] = TransferStatus(S.DONE)
+    poll = m.sender.poll
+    m.sender.poll = lambda tid: (_ for _ in ()).throw(RuntimeError("bug")) if tid == 11 else poll(tid)
+    m._watch_step()
+    assert m.request_status == {1: KVPoll.Failed, 2: KVPoll.Success} and m._open == {}
+    assert "internal error" in m.failure_records[1]
+
+
+# -- L1: rooms whose prefill never started are forgotten --------------------------------------------------
+def test_unstarted_rooms_expire():
+    m = make_prefill()
+    m.peers.admit(control.encode(register()), register(), DECODE_IP)
+    for room in (1, 2):
+        m._on_control(control.encode(metadata(room)), DECODE_IP)
+    m.record_first_failure(1, "aborted by decode")
+    m.add_transfer_request(2, np.arange(4), slice(0, 4), is_last_chunk=False)  # room 2 started
+    m._expire_unstarted(time.monotonic() + 599)
+    assert 1 in m.transfer_infos
+    m._expire_unstarted(time.monotonic() + 601)
+    assert (1 in m.transfer_infos, 1 in m.request_status, 1 in m.failure_records) == (False, False, False)
+    assert 2 in m.transfer_infos and m._unstarted == {}
+
+
+def test_metadata_carries_a_page_count_not_page_ids():
+    assert "pages" not in control.Metadata.__struct_fields__  # 36 B per page per waiting room before
+
+
+# -- H5 (decode side) and a dead loop ----------------------------------------------------------------------
+class StubReceiver:
+    def __init__(self, exc=None):
+        self.exc, self.fatal, self.expected, self.released = exc, None, [], []
+
+    def expect(self, tid, regions, timeout_s=None):
+        if self.exc:
+            raise self.exc
+        self.expected.append(tid)
+
+    def poll(self, tid):
+        return TransferStatus(S.TRANSFERRING)
+
+    def release(self, tid):
+        self.released.append(tid)
+
+
+def make_decode(receiver) -> DecodeManager:
+    m = object.__new__(DecodeManager)
+    _common(m, None)
+    m.receiver = m.data_plane = receiver
+    m.expected, m.peer_rejections, m.waiting_timeout = {}, {}, 300.0
+    return m
+
+
+@pytest.mark.parametrize("exc", [TimeoutError(), RuntimeError("loop gone")])
+def test_expect_fails_only_that_transfer(exc):
+    m = make_decode(StubReceiver(exc))
+    reason = m.expect(ROOM, np.arange(2), 0, None)  # raised into the scheduler before the fix
+    assert reason.startswith(f"prfaas_zmq: cannot receive room {ROOM}") and ROOM not in m.expected
+
+
+def test_dead_loop_fails_the_transfer_and_stops_the_server():
+    rx = StubReceiver()
+    m = make_decode(rx)
+    m.request_status[ROOM] = KVPoll.WaitingForInput
+    assert m.expect(ROOM, np.arange(2), 0, None) is None
+    rx.fatal = "loop crashed: ZMQError(EMFILE)"
+    assert "data plane is dead" in m.expect(ROOM + 1, np.arange(2), 0, None)
+    with pytest.raises(DataPlaneDead, match="EMFILE"):  # SGLang's scheduler crash path: /health fails
+        m.check_status(ROOM)
+    assert m.request_status[ROOM] == KVPoll.Failed and "EMFILE" in m.failure_records[ROOM]
+
+
+def test_prefill_dead_loop_fails_open_rooms():
+    m = make_prefill()
+    m.request_status[ROOM] = KVPoll.Transferring
+    m.transfer_infos[ROOM] = {}
+    m._open[ROOM] = _Outgoing(ROOM, {5: ("a", 1)})
+    m.sender.fatal = "loop crashed"
+    m._watch_step()
+    assert m.request_status[ROOM] == KVPoll.Failed and "data plane is dead" in m.failure_records[ROOM]
+
+
+def test_watchdog_stops_an_idle_server(monkeypatch):
+    import prfaas_sgl.backend.manager as manager
+
+    monkeypatch.setattr(manager, "_WATCHDOG_S", 0.01)
+    m = make_decode(StubReceiver())
+    stopped = threading.Event()
+    m.stop_server = stopped.set
+    t = threading.Thread(target=m._watchdog, daemon=True)
+    t.start()
+    m.receiver.fatal = "loop crashed"
+    assert stopped.wait(2.0)
+
+
+# -- M6: a prefill once incompatible is usable again ------------------------------------------------------
+def test_peer_rejection_is_cleared_on_success(monkeypatch):
+    from sglang.srt.disaggregation.common.conn import CommonKVManager
+
+    answers = iter([RuntimeError("page size mismatch"), True])
+
+    def base(self, addr):
+        a = next(answers)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    monkeypatch.setattr(CommonKVManager, "try_ensure_parallel_info", base)
+    m = make_decode(StubReceiver())
+    assert m.try_ensure_parallel_info("p:1") is False and "p:1" in m.peer_rejections
+    assert m.try_ensure_parallel_info("p:1") is True
+    assert m.peer_rejections == {}  # stayed forever before: every receiver of p:1 failed in init
+
+
+# -- M3: keys by default on routable addresses ----------------------------------------------------------
+def test_routable_address_needs_keys_or_insecure(keys):
+    good, _ = keys
+    assert "prfaas keys DIR" in insecure_problem(PrfaasConfig(), "10.0.0.2")
+    assert insecure_problem(PrfaasConfig(), "127.0.0.1") is None
+    assert insecure_problem(PrfaasConfig(zmq_insecure=True), "10.0.0.2") is None
+    assert insecure_problem(PrfaasConfig(zmq_curve_keys=good), "10.0.0.2") is None
+
+
+def test_keys_command_makes_a_usable_directory(tmp_path, capsys):
+    from prfaas_sgl.cli import main
+
+    assert main(["keys", str(tmp_path / "k")]) == 0
+    cfg = PrfaasConfig(zmq_curve_keys=str(tmp_path / "k"))
+    assert len(register_secret(cfg.zmq_curve_keys)) >= 32
+    assert "--prfaas-zmq-curve-keys" in capsys.readouterr().out
