@@ -10,6 +10,7 @@ Start from code (tests, benchmarks)::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import random
@@ -35,9 +36,9 @@ from .tokenize import PromptTokenizer
 
 log = logging.getLogger(__name__)
 
-BIG_BODY = 64 * 1024  # bytes; larger bodies are parsed and tokenized off the event loop
-# Big parses at once: json.loads and template rendering hold the GIL, so more threads would not finish sooner;
-# the cap bounds the memory of decoded bodies and how long the loop waits for the GIL.
+BIG_BODY = 16 * 1024  # bytes; larger bodies are parsed and tokenized off the event loop (~10 ms of work)
+# Big parses at once. Tokenizing releases the GIL but json.loads and template rendering keep it: the cap bounds
+# how long the loop can wait for the GIL, and the memory of decoded bodies and encodings.
 BIG_PARSES = 2
 
 
@@ -103,7 +104,13 @@ class Router:
         if len(raw) <= BIG_BODY:
             return parse_raw(*args)
         async with self.big_parses:
-            return await asyncio.get_running_loop().run_in_executor(None, parse_raw, *args)
+            work = asyncio.get_running_loop().run_in_executor(None, parse_raw, *args)
+            try:
+                return await asyncio.shield(work)
+            except asyncio.CancelledError:  # the client left; its thread runs on, so it keeps its slot until done
+                with contextlib.suppress(Exception):
+                    await work
+                raise
 
     def _link_share(self, d: Decision, prompt_len: int, hashes: list[int]) -> LinkShare:
         """KV crossing the link (only what decode does not hold) and when it starts: after the PrfaaS queue."""

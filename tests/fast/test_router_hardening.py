@@ -89,7 +89,7 @@ def test_huge_prompt_refused_unread_while_health_answers(tmp_path, framing):
     """H3: a 32 MiB prompt used to be parsed on the loop and tokenized holding the GIL (seconds, gigabytes)."""
     payload = json.dumps({"model": "tiny", "prompt": "x" * HUGE}).encode()
 
-    async def chunks():
+    async def chunks():  # 1 MiB at a time: one 32 MiB write would stall this loop (the router's) client-side
         for i in range(0, len(payload), 1 << 20):
             yield payload[i:i + (1 << 20)]
 
@@ -99,8 +99,8 @@ def test_huge_prompt_refused_unread_while_health_answers(tmp_path, framing):
             stop = asyncio.Event()
             probes = asyncio.create_task(probe_health(r.router.url, r.http, stop))
             await asyncio.sleep(0.2)
-            data = payload if framing == "content_length" else chunks()
-            async with r.http.post(r.router.url + "/v1/completions", data=data) as resp:
+            headers = {"Content-Length": str(len(payload))} if framing == "content_length" else {}
+            async with r.http.post(r.router.url + "/v1/completions", data=chunks(), headers=headers) as resp:
                 status, out = resp.status, await resp.json()
             await asyncio.sleep(0.2)
             stop.set()
