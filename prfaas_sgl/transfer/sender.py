@@ -2,7 +2,8 @@
 
 Per transfer: Open ─(wait OpenAck)─▶ chunks striped round-robin over the peer's connections, each
 one zero-copy view of source memory, while the peer's window has credit ─▶ Close after the last piece
-─(wait Done)─▶ DONE. Source memory must stay unchanged until the transfer is terminal.
+─(wait Done)─▶ DONE. Source memory must stay unchanged until the transfer is terminal. A link's
+connections carry its secret token in their ROUTING_IDs, so only this link can feed its transfers.
 
 Deadlines: a transfer fails when it makes no progress for `timeout_s` (see `TransferConfig.timeout_s`
 for what counts), or when it outlives its size-derived cap (`TransferConfig.min_rate_bytes_s`).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,7 +39,19 @@ from prfaas_sgl.transfer.states import UNKNOWN_STATUS, TransferState as S, Trans
 from prfaas_sgl.transfer.stats import StatsBook, StatsServer
 
 log = logging.getLogger(__name__)
+_TOKEN_BYTES = 16
 _CLOSE = object()  # marks, in a transfer's job queue, where Close goes (after all its chunks)
+
+
+def link_token() -> bytes:
+    """A link's secret: its connections' ROUTING_IDs are `token + connection index` (one byte).
+
+    The receiver binds a transfer to the session that opened it: peer address, CURVE client key and
+    this token (see receiver `_session`). Without it, any process on the prefill's host (same address,
+    same empty key in plaintext) could feed our transfers. First byte non-zero: libzmq reserves
+    identities starting with 0 for the ones it generates, which carry no token.
+    """
+    return bytes([1 + secrets.randbelow(255)]) + secrets.token_bytes(_TOKEN_BYTES - 1)
 
 
 @dataclass(slots=True)
@@ -184,19 +198,21 @@ class ZmqSender(SocketLoop):
         return t
 
     def _new_link(self, peer: PeerInfo) -> Link:
+        token = link_token()
         socks: list[zmq.Socket] = []
         try:
-            for _ in range(self.cfg.connections):
-                socks.append(self._dealer(peer))
+            for i in range(self.cfg.connections):
+                socks.append(self._dealer(peer, token + bytes([i])))
             return Link(peer, socks, self.stats.link(peer.key()), self.cfg.window_bytes, time.monotonic())
         except BaseException:
             for s in socks:
                 s.close(0)
             raise
 
-    def _dealer(self, peer: PeerInfo) -> zmq.Socket:
+    def _dealer(self, peer: PeerInfo, routing_id: bytes) -> zmq.Socket:
         sock = make_socket(self._ctx, zmq.DEALER, self.cfg)
         try:
+            sock.setsockopt(zmq.ROUTING_ID, routing_id)
             if self.cfg.keys_dir:
                 secure_client(sock, self.cfg.keys_dir, peer.server_key)
             sock.connect(peer.endpoint)

@@ -20,7 +20,7 @@ from prfaas_sgl.transfer import receiver as R
 from prfaas_sgl.transfer.chunking import Coverage
 from prfaas_sgl.transfer.config import TransferConfig
 from prfaas_sgl.transfer.layout import item_regions, page_regions
-from prfaas_sgl.transfer.messages import Chunk, Close, Codec, Open
+from prfaas_sgl.transfer.messages import Chunk, Close, Codec, Failed, Open
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
 from prfaas_sgl.transfer.testing import Remote, fill_random, read_regions, small_layout
@@ -236,8 +236,8 @@ def test_frame_limit_fits_chunks_and_the_open_header():
 
 # -- M3: only the opener may feed a transfer --------------------------------------------------------------
 def test_chunk_from_another_host_is_refused_and_the_real_transfer_completes(rx, src):
-    """A real sender (plain routing ids: its session is its host) opens; a second DEALER on another
-    address injects a well-formed chunk into pages the sender has not sent yet."""
+    """A real sender (its session: host + its link's token) opens; a second DEALER on another address
+    injects a well-formed chunk into pages the sender has not sent yet."""
     tid = next(IDS)
     first, rest = page_regions(LAYOUT, [30]), page_regions(LAYOUT, [31])
     rx.call("expect", tid, first + rest)
@@ -293,6 +293,40 @@ def test_chunk_close_and_open_from_another_link_are_refused(rx, src):
         intruder.stop()
     assert rx.call("read", regions) == b"".join(good)
     assert_serving(rx, src)
+
+
+def test_a_same_host_intruder_cannot_feed_a_real_senders_transfer(rx):
+    """Session tokens: a real ZmqSender in its own process opens a transfer; processes on the same host
+    (so same address and, in plaintext, same empty key) inject a chunk into pages not sent yet, one with
+    libzmq's own routing id, one with a token of its own. Before the sender named its connections
+    `token + index`, its session was just "this host" and the bare intruder's chunk was written."""
+    tid, seed = next(IDS), 21
+    first, rest = page_regions(LAYOUT, [32]), page_regions(LAYOUT, [33])
+    want = read_regions(fill_random(LAYOUT, seed), first + rest)  # what the sender process holds
+    rx.call("expect", tid, first + rest)
+    bare, forged = RawPeer(rx), RawPeer(rx, routing_id=b"\x01" * 16 + b"\x00")
+    try:
+        with Remote("sender", LAYOUT, CFG, seed=seed) as tx:
+            tx.call("send", tid, rx.address, first, False)
+            end = time.monotonic() + 10
+            while rx.call("read", first) != want[:len(want) // 2]:
+                assert time.monotonic() < end, "the first piece never landed"
+                time.sleep(0.005)
+            for seq, intruder in ((100, bare), (101, forged)):
+                intruder.chunk(tid, seq=seq, offset=PAGE, payload=payload(seq))  # buffer 0's stream: page 33
+                reply = intruder.replies(1)[0]
+                assert isinstance(reply, Failed), reply
+                assert reply.reason == (f"chunk {seq} for transfer {tid} arrived from a connection that did "
+                                        "not open it")
+            assert rx.call("read", rest) == bytes(sum(r.length for r in rest))
+            assert rx.call("poll", tid).state is S.TRANSFERRING
+            tx.call("send", tid, rx.address, rest, True)
+            assert tx.call("wait", tid, 10).state is S.DONE
+    finally:
+        bare.stop()
+        forged.stop()
+    assert rx.call("wait", tid, 10).state is S.DONE
+    assert rx.call("read", first + rest) == want
 
 
 # -- M3: completion by coverage -----------------------------------------------------------------------

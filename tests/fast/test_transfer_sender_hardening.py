@@ -217,6 +217,24 @@ def test_a_dead_loop_fails_pending_transfers_and_refuses_work():
         assert time.monotonic() - t0 < 0.5
 
 
+# -- session tokens: another process on this host cannot speak for our links --------------------------
+
+def test_each_link_names_its_connections_with_its_own_secret_token():
+    """ROUTING_ID = 16-byte token (first byte non-zero: not a libzmq-generated id) + connection index;
+    the receiver binds each transfer to it (receiver hardening tests show the refused intruder)."""
+    with contextlib.ExitStack() as stack:
+        rxs = [stack.enter_context(receiver())[0] for _ in range(2)]
+        tx = stack.enter_context(sender(CFG.replace(connections=3)))
+        assert [transfer(tx, rx, 90 + i).state for i, rx in enumerate(rxs)] == [S.DONE, S.DONE]
+        ids = tx.call_sync(lambda: [[s.getsockopt(zmq.ROUTING_ID) for s in link.socks] for link in tx._links])
+    tokens = {link_ids[0][:-1] for link_ids in ids}
+    assert len(tokens) == 2
+    for link_ids in ids:
+        token = link_ids[0][:-1]
+        assert len(token) == 16 and token[0] != 0
+        assert link_ids == [token + bytes([i]) for i in range(3)]
+
+
 # -- M5: a decode restarted on its fixed port with a new CURVE key --------------------------------------
 
 def test_key_rotation_on_a_fixed_port(tmp_path):
