@@ -69,10 +69,20 @@ def pd_body(body: dict, prefill: Instance, rng: random.Random) -> bytes:
     return json.dumps(out, separators=(",", ":")).encode()
 
 
-def _is_error_chunk(chunk: bytes) -> bool:
-    """SGLang reports an aborted stream (e.g. failed KV transfer) as an SSE event holding ``"error"``."""
+def _stream_failed(chunk: bytes) -> bool:
+    """Whether a stream's first chunk reports a server-side failure worth a retry.
+
+    SGLang reports an aborted stream as an SSE event ``{"error": {..., "code": STATUS}}``: 5xx for a failed
+    KV transfer or a timeout, 4xx for a request it refused once streaming began (relayed like any 4xx).
+    """
     head = chunk[:200].lstrip()
-    return head.startswith(b"data:") and b'"error"' in head and b'"choices"' not in head
+    if not (head.startswith(b"data:") and b'"error"' in head and b'"choices"' not in head):
+        return False
+    try:
+        code = json.loads(chunk.lstrip().split(b"\n", 1)[0][5:])["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return True
+    return not (isinstance(code, int) and 400 <= code < 500)
 
 
 class Forwarder:
@@ -129,7 +139,7 @@ class Forwarder:
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             mark_unhealthy(self.cluster.instances[d.decode], f"{type(e).__name__} {e}")
             raise AttemptFailed(f"decode {d.decode}: {type(e).__name__} {e}") from e
-        if head.resp.status >= 500 or (head.resp.status == 200 and _is_error_chunk(head.first)):
+        if head.resp.status >= 500 or (head.resp.status == 200 and _stream_failed(head.first)):
             head.resp.release()
             raise AttemptFailed(f"decode {d.decode} HTTP {head.resp.status}: {head.first[:200]!r}")
         return head

@@ -183,8 +183,13 @@ class Strict(Standin):
             return await super().generate(request)
         self.received.append(body)
         await asyncio.sleep(self.reject_after_s)
-        return web.json_response({"object": "error", "message": "invalid regex '('", "type": "BadRequestError",
-                                  "code": 400}, status=400)
+        error = {"object": "error", "message": "invalid regex '('", "type": "BadRequestError", "code": 400}
+        if not body.get("stream"):
+            return web.json_response(error, status=400)
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})  # refused after the stream began
+        await out.prepare(request)
+        await out.write(b"data: " + json.dumps({"error": error}).encode() + b"\n\ndata: [DONE]\n\n")
+        return out
 
 
 @pytest.mark.parametrize("first", ["prefill", "decode"])
@@ -204,6 +209,19 @@ def test_server_4xx_relayed_unchanged_and_servers_stay_in_rotation(tmp_path, fir
             await asyncio.sleep(0.3)  # the slower server's request was cancelled, not left running
             assert all(i.inflight == 0 for i in insts)
             assert (await r.post("/v1/completions", {"model": "tiny", "prompt": LONG, "max_tokens": 1}))[0] == 200
+    run(body())
+
+
+def test_stream_refused_with_a_4xx_event_is_relayed_not_retried(tmp_path):
+    """M1: SGLang refuses some requests inside the stream (an error event with code 400): relay, no retry."""
+    async def body():
+        async with rig(tmp_path, standin=Strict) as r:
+            req = {"model": "tiny", "prompt": LONG, "regex": "(", "stream": True}
+            async with r.http.post(r.router.url + "/v1/completions", json=req) as resp:
+                assert resp.status == 200
+                events = [line[6:] for line in (await resp.text()).split("\n") if line.startswith("data: ")]
+            assert json.loads(events[0])["error"]["code"] == 400 and events[-1] == "[DONE]"
+            assert r.local.received == [] and await metric(r, 'prfaas_router_retries_total{reason="long"}') == 0.0
     run(body())
 
 
