@@ -7,7 +7,9 @@ Written by the transport's loop thread, read by HTTP / router threads: every acc
 from __future__ import annotations
 
 import collections
+import ipaddress
 import json
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -138,18 +140,41 @@ class StatsBook:
 
 
 class StatsServer:
-    """`GET /stats` (JSON) and `GET /metrics` (Prometheus text) on a daemon thread."""
+    """`GET /stats` (JSON) and `GET /metrics` (Prometheus text) on a daemon thread.
+
+    `host` is the address to bind (flag `--prfaas-zmq-stats-host`): loopback by default; a router in the
+    other datacenter needs the prefill's routable address, or "0.0.0.0" / "::". The endpoint is read-only
+    and unauthenticated (it shows peer addresses and byte counts): expose it to the router's network only.
+    """
 
     def __init__(self, book: StatsBook, host: str = "127.0.0.1", port: int = 0) -> None:
         handler = type("Handler", (_Handler,), {"book": book})
-        self._httpd = ThreadingHTTPServer((host, port), handler)
-        self.port = self._httpd.server_address[1]
+        self._httpd = (_ServerV6 if _is_v6(host) else ThreadingHTTPServer)((host, port), handler)
+        self.host, self.port = host, self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="transfer-stats", daemon=True)
         self._thread.start()
+
+    @property
+    def url(self) -> str:
+        """What to give the router as `--transport-stats-url` (with the bound host; a wildcard needs the
+        machine's routable address instead)."""
+        host = f"[{self.host}]" if _is_v6(self.host) else self.host
+        return f"http://{host}:{self.port}/stats"
 
     def close(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+class _ServerV6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def _is_v6(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False  # a host name: resolved as IPv4
 
 
 class _Handler(BaseHTTPRequestHandler):

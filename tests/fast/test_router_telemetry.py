@@ -6,8 +6,8 @@ import ctypes
 import json
 import multiprocessing as mp
 import os
-import statistics
 import time
+import urllib.request
 
 import msgspec
 import pytest
@@ -24,7 +24,7 @@ from prfaas_sgl.router.prefix_index import ExactIndex
 from prfaas_sgl.router.standin import RoomBoard, Standin, build_tiny_tokenizer
 from prfaas_sgl.transfer.config import TransferConfig
 from prfaas_sgl.transfer.layout import kv_layout, page_regions
-from prfaas_sgl.transfer.stats import StatsBook
+from prfaas_sgl.transfer.stats import StatsBook, StatsServer
 from prfaas_sgl.transfer.testing import Remote, fill_random
 
 pytestmark = pytest.mark.timeout(60)
@@ -304,3 +304,15 @@ def test_router_measures_the_goodput_the_transport_measured_over_a_tbf_link(tmp_
     assert router_bps == pytest.approx(transport_bps, rel=0.10), (router_bps, transport_bps)
     busy = [g for t, g in samples if samples[0][0] + 1.5 <= t <= duration]
     assert min(busy) > 0, "the router lost the stats (stats_ok False or 0) while the link was busy"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::1", "::"])
+def test_stats_server_binds_the_configured_address(host):
+    """M8: the endpoint was loopback-only; the router in the other datacenter must be able to reach it."""
+    server = StatsServer(_book_with_traffic({"10.0.0.2:7000": MB}), host=host, port=0)
+    try:
+        url = server.url.replace("0.0.0.0", "127.0.0.1").replace("[::]", "[::1]")
+        snap = json.load(urllib.request.urlopen(url, timeout=5))
+        assert snap["links"]["10.0.0.2:7000"]["bytes_total"] == MB
+    finally:
+        server.close()
