@@ -25,13 +25,18 @@ class TransferConfig:
     fast; a 128 MiB window rode out scheduling stalls at 5 Gbit/s better than 32 MiB (median 0.95 vs 0.91).
     timeout_s: no-progress deadline of a transfer (seconds). The sender's is refreshed by every send(),
         OpenAck and Ack of the transfer, and by Acks of others on its link while its own chunks still
-        wait there (oldest-first queueing must not time out the queue). The receiver's starts at `expect()`.
-    min_rate_bytes_s, cap_slack_s: the sender's absolute cap, so a peer that trickles acks cannot hold
-        a transfer forever: it fails once it has lived cap_slack_s + (bytes queued so far) /
-        min_rate_bytes_s seconds since its first send(). The cap grows with the transfer. The slack
-        covers the chunked prefill's compute between sends and queueing behind other transfers (a
-        128K-token prompt computes for ~22 s on an H20); 1 MiB/s is far below any link PrfaaS
-        targets. Together they end only pathological trickles. min_rate_bytes_s=None: no cap.
+        wait there (oldest-first queueing must not time out the queue). The receiver's (`expect()`'s
+        timeout_s, which the decode sets to its waiting timeout + this) by every accepted Open, Chunk
+        and Close: it is longer, since Open comes at the sender's first send() but the chunks may queue
+        behind other transfers on the link, so the sender, which sees the queue, decides first.
+    min_rate_bytes_s, cap_slack_s: both sides' absolute cap (`cap_s`), so a peer that trickles cannot
+        hold a transfer forever: it fails once it has lived cap_slack_s + bytes / min_rate_bytes_s
+        seconds, on the sender since its first send() over the bytes queued so far (the cap grows
+        with the transfer), on the receiver since the Open over all bytes expected (never before the
+        sender's own cap, when both use the same values). The slack covers the chunked prefill's
+        compute between sends and queueing behind other transfers (a 128K-token prompt computes for
+        ~22 s on an H20); 1 MiB/s is far below any link PrfaaS targets. Together they end only
+        pathological trickles. min_rate_bytes_s=None: no cap.
     keys_dir: directory with CurveZMQ keys (see `security.py`); None = plaintext, no authentication.
     io_threads: ZeroMQ I/O threads per context.
     max_links: sender links (sockets to one receiver) kept open while unused; creating one more closes
@@ -91,6 +96,16 @@ class TransferConfig:
         if self.reconnect_ivl_max_ms < self.reconnect_ivl_ms:
             raise ValueError(f"reconnect_ivl_max_ms={self.reconnect_ivl_max_ms} < reconnect_ivl_ms="
                              f"{self.reconnect_ivl_ms}: the back-off ceiling must be at least the first interval")
+
+    def cap_s(self, nbytes: int) -> float | None:
+        """Longest life (seconds) of a transfer of `nbytes`; None = uncapped. The one formula both sides use."""
+        rate = self.min_rate_bytes_s
+        return None if rate is None else self.cap_slack_s + nbytes / rate
+
+    def cap_text(self, nbytes: int) -> str:
+        """`cap_s(nbytes)` spelled out, for timeout reasons (operators tune these two knobs from it)."""
+        return (f"cap of {self.cap_s(nbytes):.3g} s (cap_slack_s={self.cap_slack_s:g} + {nbytes} B at "
+                f"min_rate_bytes_s={self.min_rate_bytes_s:g})")
 
     def replace(self, **changes: object) -> "TransferConfig":
         return dataclasses.replace(self, **changes)

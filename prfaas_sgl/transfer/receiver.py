@@ -78,8 +78,10 @@ class _From:
 class _InTransfer:
     tid: int
     streams: dict[int, DestStream]
-    deadline: float
-    timeout_s: float
+    expected: int  # bytes, all streams
+    progress: float  # expect(), then the last accepted Open, Chunk or Close (time.monotonic())
+    timeout_s: float  # no-progress deadline
+    opened: float | None = None  # when the Open was accepted: the size-derived cap counts from here
     state: S = S.WAITING
     reason: str = ""
     sender: bytes | None = None  # ROUTER identity replies go to: the opener's latest connection
@@ -88,10 +90,6 @@ class _InTransfer:
     nbytes: int = 0
     close: Close | None = None
     revoked: bool = False  # released: its pages may belong to someone else; written under _write_lock
-
-    @property
-    def expected(self) -> int:
-        return sum(s.total for s in self.streams.values())
 
 
 class ZmqReceiver(SocketLoop):
@@ -125,11 +123,16 @@ class ZmqReceiver(SocketLoop):
 
     # -- public API (any thread) ------------------------------------------------------------------
     def expect(self, transfer_id: int, regions: Sequence[Region], timeout_s: float | None = None) -> None:
-        """Pre-register destination `regions` (stream order per buffer) for `transfer_id`."""
+        """Pre-register destination `regions` (stream order per buffer) for `transfer_id`.
+
+        It fails when nothing arrives for `timeout_s` (default cfg.timeout_s; every accepted Open, Chunk
+        and Close counts), or when it outlives `cfg.cap_s` of its bytes counted from its Open.
+        """
         for r in regions:
             self.layout.check_region(r)
-        timeout = timeout_s or self.cfg.timeout_s
-        t = _InTransfer(transfer_id, dest_streams(regions), time.monotonic() + timeout, timeout)
+        streams = dest_streams(regions)
+        t = _InTransfer(transfer_id, streams, sum(s.total for s in streams.values()), time.monotonic(),
+                        timeout_s or self.cfg.timeout_s)
         self.call_sync(self._add, t)
 
     def poll(self, transfer_id: int) -> TransferStatus:
@@ -182,13 +185,27 @@ class ZmqReceiver(SocketLoop):
             self._set(t, S.FAILED, f"receiver loop died: {reason}")
 
     def next_deadline(self) -> float | None:
-        return min((t.deadline for t in self._active.values()), default=None)
+        return min((self._deadline(t) for t in self._active.values()), default=None)
 
     def on_tick(self, now: float) -> None:
         for t in list(self._active.values()):
-            if now >= t.deadline:
-                self._finish(t, S.TIMED_OUT, f"timed out after {t.timeout_s:g} s in state {t.state.value}: "
-                             f"{t.nbytes} of {t.expected} bytes verified")
+            if now >= self._deadline(t):
+                self._expire(t, now)
+
+    def _cap(self, t: _InTransfer) -> float | None:
+        cap_s = None if t.opened is None else self.cfg.cap_s(t.expected)
+        return None if cap_s is None else t.opened + cap_s
+
+    def _deadline(self, t: _InTransfer) -> float:
+        cap = self._cap(t)
+        end = t.progress + t.timeout_s
+        return end if cap is None else min(end, cap)
+
+    def _expire(self, t: _InTransfer, now: float) -> None:
+        cap = self._cap(t)
+        why = (f"exceeded its {self.cfg.cap_text(t.expected)}" if cap is not None and now >= cap
+               else f"timed out after {t.timeout_s:g} s")
+        self._finish(t, S.TIMED_OUT, f"{why} in state {t.state.value}: {t.nbytes} of {t.expected} bytes verified")
 
     def on_event(self, sock: zmq.Socket, events: int) -> None:
         for _ in range(_DRAIN_MAX):
@@ -267,6 +284,8 @@ class ZmqReceiver(SocketLoop):
                          f"transfer {t.tid} is already open from another connection")
             return
         t.sender, t.session = src.ident, src.session
+        t.progress = time.monotonic()
+        t.opened = t.opened or t.progress
         problem = self.layout.mismatch(msg.layout)
         if problem:
             self._finish(t, S.FAILED, problem)
@@ -291,6 +310,7 @@ class ZmqReceiver(SocketLoop):
                          f"chunk {msg.seq} for transfer {t.tid} arrived after release")
             return
         stream.covered.add(msg.offset, msg.offset + msg.length)
+        t.progress = time.monotonic()
         t.nbytes += msg.length
         t.seqs.add(msg.seq)
         self._send(src.ident, Ack(transfer_id=t.tid, seq=msg.seq, length=msg.length))
@@ -337,6 +357,7 @@ class ZmqReceiver(SocketLoop):
                              f"receiver expects {want} B (different page count or page size)")
                 return
         t.close = msg
+        t.progress = time.monotonic()
         self._maybe_complete(t)
 
     def _on_abort(self, src: _From, msg: Abort, _: list) -> None:

@@ -318,9 +318,9 @@ class ZmqSender(SocketLoop):
 
     # -- loop thread: deadlines -------------------------------------------------------------------
     def _cap(self, t: _OutTransfer) -> float | None:
-        """Absolute end of `t`: the slack plus its bytes at the floor rate, from its first send()."""
-        rate = self.cfg.min_rate_bytes_s
-        return None if rate is None else t.started + self.cfg.cap_slack_s + t.queued / rate
+        """Absolute end of `t`: `cfg.cap_s` of the bytes queued so far, from its first send()."""
+        cap_s = self.cfg.cap_s(t.queued)
+        return None if cap_s is None else t.started + cap_s
 
     def _deadline(self, t: _OutTransfer) -> float:
         last = t.progress
@@ -332,8 +332,7 @@ class ZmqSender(SocketLoop):
     def _expire(self, t: _OutTransfer, now: float) -> None:
         cap = self._cap(t)
         if cap is not None and now >= cap:
-            why = (f"exceeded its cap of {cap - t.started:.3g} s (cap_slack_s={self.cfg.cap_slack_s:g} + "
-                   f"{t.queued} B at min_rate_bytes_s={self.cfg.min_rate_bytes_s:g})")
+            why = f"exceeded its {self.cfg.cap_text(t.queued)}"
         else:
             why = f"timed out after {t.timeout_s:g} s"
         opening = t.state is S.OPENING

@@ -168,6 +168,52 @@ def test_an_error_in_one_chunk_fails_only_its_transfer(monkeypatch, src):
         rx.close()
 
 
+# -- the receiver's deadline: no progress, plus the sender's size-derived cap -----------------------------
+SLOW = CFG.replace(chunk_bytes=PAGE, window_bytes=16 * PAGE)  # one chunk per page and buffer
+TEN = page_regions(LAYOUT, list(range(10)))  # 160 KiB
+
+
+def paced_transfer(src, tid, rx_cfg, tx_cfg, expect_timeout_s):
+    """Ten pages sent one per send() every 0.2 s (~2 s, a chunked prefill's pace); returns both ends'
+    statuses, the time from expect() to the receiver's end, and whether the destination is exact."""
+    bufs = [np.zeros(b.nbytes, np.uint8) for b in LAYOUT.buffers]
+    rx = R.ZmqReceiver(LAYOUT, bufs, rx_cfg)
+    tx = ZmqSender(LAYOUT, src, tx_cfg)
+    try:
+        t0 = time.monotonic()
+        rx.expect(tid, TEN, timeout_s=expect_timeout_s)
+        for p in range(10):
+            tx.send(tid, rx.address, page_regions(LAYOUT, [p]), last=p == 9)
+            time.sleep(0.2)
+        r = rx.wait(tid, 15)
+        elapsed = time.monotonic() - t0
+        return r, tx.wait(tid, 10), elapsed, read_regions(bufs, TEN) == read_regions(src, TEN)
+    finally:
+        tx.close()
+        rx.close()
+
+
+def test_a_slow_but_progressing_transfer_outlives_the_expect_timeout(src):
+    """Before: the receiver's deadline was absolute from expect(), so a transfer still receiving a chunk
+    every 0.2 s timed out 1 s after expect(). Now each accepted Open/chunk refreshes it."""
+    r, s, elapsed, exact = paced_transfer(src, 1, SLOW, SLOW, expect_timeout_s=1.0)
+    assert r.state is S.DONE, r.reason
+    assert s.state is S.DONE and exact
+    assert elapsed > 1.0  # it did outlive the expect() timeout
+
+
+def test_the_receiver_cap_is_the_senders_formula_over_the_expected_bytes(src):
+    """A trickle the sender tolerates (no cap there) still ends at the receiver's explicit cap:
+    0.5 s + 160 KiB at 320 KiB/s = 1 s from the Open, while progress never stops for 5 s."""
+    rx_cfg = SLOW.replace(cap_slack_s=0.5, min_rate_bytes_s=320 * 1024)
+    r, s, _, _ = paced_transfer(src, 2, rx_cfg, SLOW.replace(min_rate_bytes_s=None), expect_timeout_s=5.0)
+    assert r.state is S.TIMED_OUT
+    assert r.reason.startswith("exceeded its cap of 1 s (cap_slack_s=0.5 + 163840 B at min_rate_bytes_s=327680) "
+                               "in state transferring: ")
+    assert (s.state, s.reason) == (S.FAILED, f"receiver: {r.reason}")
+    assert rx_cfg.cap_s(163840) == 1.0 and SLOW.replace(min_rate_bytes_s=None).cap_s(163840) is None
+
+
 # -- M3: oversized frames ---------------------------------------------------------------------------------
 def zmtp_dealer(rx) -> socket.socket:
     """A raw TCP peer past the ZMTP 3.0 NULL handshake (greeting + READY), speaking as a DEALER."""
