@@ -3,5 +3,5 @@ schedule kills -9 and restarts servers and drops the emulated inter-DC link to z
 
 Pure parts (tested in tests/fast/test_chaos_schedule.py): `schedule` (fault events from a seed), `plan`
 (requests from a seed), `outcome` (classification and counting). Live parts: `topology` (servers, link,
-router), `reference` (colocated greedy outputs), `runner` (load + faults). Entry point: scripts/chaos.py.
+router), `reference` (greedy outputs: HF or a colocated server), `runner` (load + faults). Entry point: scripts/chaos.py.
 """

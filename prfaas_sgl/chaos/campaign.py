@@ -22,7 +22,7 @@ from prfaas_sgl.transfer.security import generate_keys
 
 from .config import CampaignConfig
 from .outcome import count
-from .plan import PlannedRequest, make_plan
+from .plan import PlannedRequest, make_plan, make_probes
 from .reference import references
 from .runner import LoadRun, run_faults, run_load
 from .schedule import make_schedule
@@ -53,9 +53,9 @@ def run_campaign(cfg: CampaignConfig, log_dir: Path) -> dict:
 
 def _prepare(cfg: CampaignConfig, fleet: Fleet, clock: dict) -> tuple[tuple[PlannedRequest, ...], dict]:
     """References from the colocated server (while the PD servers still start), then stop it."""
-    full = make_plan(dataclasses.replace(cfg.load_spec(), n_requests=cfg.n_requests + cfg.recovery_probes), cfg.seed)
-    fleet.servers["colocated"].wait_healthy(600)
-    plan, refs = references(fleet.servers["colocated"].url, full, cfg.max_new_tokens)
+    full = make_plan(cfg.load_spec(), cfg.seed) + make_probes(cfg.load_spec(), cfg.seed, cfg.recovery_probes)
+    url = fleet.servers["colocated"].wait_healthy(600).url
+    plan, refs = references(url, full, cfg.max_new_tokens)
     fleet.stop("colocated")  # frees a server's CPU and memory for the run
     clock["refs_done"] = time.monotonic()
     for name in PD_ROLES:
@@ -77,7 +77,6 @@ async def _serve(cfg, fleet, link, plan, refs, model, log_dir, clock) -> dict:
         clock["load_done"] = time.monotonic()
         await asyncio.sleep(2 * cfg.health_interval_s + 1)  # the router's probes see restarted servers again
         rec = LoadRun()
-        probes = tuple(dataclasses.replace(p, send_at_s=0.0) for p in probes)
         await run_load(router.url, probes, refs, dataclasses.replace(cfg, max_inflight=1), time.monotonic(), rec)
         clock["end"] = time.monotonic()
         return report(cfg, run, rec, schedule, faults, refs, clock, log_dir)

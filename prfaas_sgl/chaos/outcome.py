@@ -5,7 +5,7 @@ Outcomes (checked in this order):
     HANG     no HTTP answer before the client gave up (bound + grace)
     DROPPED  no HTTP answer: the router closed or refused the connection (the router is never killed)
     LATE     an answer, but after the bound
-    OK       HTTP 200, not aborted, output_ids == the colocated greedy reference
+    OK       HTTP 200, not aborted, output_ids == the greedy reference (HF or colocated, batch 1)
     WRONG    HTTP 200, not aborted, other tokens (or another count) than the reference
     ERROR    a clear error: HTTP >= 400 with a message, or HTTP 200 whose finish_reason is an abort with
              a message (SGLang's in-band abort; counted apart as status "200-abort")
@@ -57,7 +57,7 @@ def finish_reason(body: dict) -> dict:
 
 
 def classify(ans: Answer, reference: list[int], bound_s: float) -> tuple[str, str]:
-    """(outcome, detail) for one answer; `reference` is the colocated greedy output."""
+    """(outcome, detail) for one answer; `reference` is the greedy output."""
     if ans.status is None:
         return (HANG if ans.timed_out else DROPPED), ans.client_error
     if ans.elapsed_s > bound_s:

@@ -60,6 +60,15 @@ def make_plan(spec: LoadSpec, seed: int) -> tuple[PlannedRequest, ...]:
     return tuple(out)
 
 
+def make_probes(spec: LoadSpec, seed: int, n: int) -> tuple[PlannedRequest, ...]:
+    """Recovery probes sent one by one after the faults, short and long alternately (both routes), indexed
+    after the load's requests."""
+    rng = random.Random(f"probes-{seed}")
+    kinds = ("short", "long") * n
+    return tuple(PlannedRequest(spec.n_requests + i, kinds[i], rng.randint(*(spec.long_len if kinds[i] == "long"
+                                else spec.short_len)), rng.getrandbits(63), 0.0) for i in range(n))
+
+
 def with_prompt_seed(req: PlannedRequest, prompt_seed: int) -> PlannedRequest:
     """The same slot in the plan with another prompt (the reference found a near tie in the first one)."""
     return PlannedRequest(req.index, req.kind, req.n_tokens, prompt_seed, req.send_at_s)

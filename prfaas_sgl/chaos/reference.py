@@ -1,9 +1,11 @@
-"""Reference outputs: greedy tokens of the colocated server (batch 1), asked before the load starts.
+"""Reference outputs, computed before the load: the greedy tokens of a colocated SGLang server running
+batch 1 with the same chunked prefill. (HF transformers greedy would spare a server start, but its
+reference GDN kernels take ~5-30 s per 1,000-token prompt on this CPU.)
 
 A prompt whose greedy choice is a near tie somewhere in its output (top-1 and top-2 log-probabilities
 closer than TIE_LOGPROB) is replaced by another prompt of the same length: float rounding differences
-between two correct paths (chunk boundaries under batching) could flip such a token, and the campaign's
-"wrong tokens" must only ever mean a real bug.
+between two correct paths (HF vs SGLang kernels, chunk boundaries under batching) can flip such a token,
+and the campaign's "wrong tokens" must only ever mean a real bug.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ def generate_body(input_ids: list[int], max_new_tokens: int) -> dict:
             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}}
 
 
-def _ask(url: str, ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:
+def colocated_greedy(url: str, ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:
+    """(output ids, min top-1 minus top-2 log-probability) from a colocated SGLang server."""
     body = {**generate_body(ids, max_new_tokens), "return_logprob": True, "top_logprobs_num": 2}
     req = urllib.request.Request(url + "/generate", json.dumps(body).encode(), {"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=300) as r:
@@ -44,7 +47,7 @@ def _ask(url: str, ids: list[int], max_new_tokens: int) -> tuple[list[int], floa
 def _one(url: str, req: PlannedRequest, max_new_tokens: int) -> tuple[PlannedRequest, Reference]:
     rng = random.Random(req.prompt_seed)
     for redraws in range(MAX_REDRAWS + 1):
-        ids, margin = _ask(url, req.input_ids(), max_new_tokens)
+        ids, margin = colocated_greedy(url, req.input_ids(), max_new_tokens)
         if margin >= TIE_LOGPROB or redraws == MAX_REDRAWS:
             return req, Reference(ids, margin, redraws)
         req = with_prompt_seed(req, rng.getrandbits(63))

@@ -1,9 +1,10 @@
 """The campaign's deployment: the remote prefill in a network namespace behind a `tc tbf` link, a local
-prefill, two decodes (all prfaas_zmq), a colocated reference server, and the router as its own process.
+prefill, two decodes (all prfaas_zmq), a colocated reference server (stopped before the load), and the
+router as its own process.
 
     netns (remote DC)               host (local DC)
     remote_prefill  ==== link ====  decode_a, decode_b   (bind the link's host end: remote KV crosses it)
-                                    local_prefill, colocated, router   (127.0.0.1)
+                                    local_prefill, router, colocated   (127.0.0.1)
 
 Decodes run one request at a time (`--max-running-requests 1`, extra slots for transfers in flight):
 batched CPU matmuls round differently from batch 1 and flip near-tie greedy tokens, so only batch-1
@@ -41,7 +42,9 @@ def server_specs(cfg: CampaignConfig, link: Link, model: str, log_dir: Path,
 
     def one(name: str, host: str, mode: str, role: str, **kw) -> ServerSpec:
         pd = dict(transfer_backend="prfaas_zmq") if mode != "colocated" else {}
-        extra = (zmq + ("--prfaas-role", role) if mode != "colocated" else ()) + kw.pop("extra", ())
+        # --sleep-on-idle: an idle scheduler otherwise spins (~15% of a core each on 2 cores, 4-5 servers)
+        extra = (("--sleep-on-idle",) + (zmq + ("--prfaas-role", role) if mode != "colocated" else ())
+                 + kw.pop("extra", ()))
         return ServerSpec(model_path=model, port=free_port(), host=host, mode=mode, log_path=str(log_dir / f"{name}.log"),
                           extra_args=extra, **pd, **kw)
 

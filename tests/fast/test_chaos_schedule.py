@@ -6,7 +6,7 @@ import pytest
 
 from prfaas_sgl.chaos import outcome as O
 from prfaas_sgl.chaos.config import CI, FULL, CampaignConfig
-from prfaas_sgl.chaos.plan import LoadSpec, make_plan
+from prfaas_sgl.chaos.plan import LoadSpec, make_plan, make_probes
 from prfaas_sgl.chaos.schedule import LINK, TARGETS, ScheduleSpec, make_schedule
 
 REF = [5, 6, 7, 8]
@@ -65,6 +65,15 @@ def test_prompt_ids_are_deterministic_and_skip_special_tokens():
     ids = r.input_ids()
     assert ids == r.input_ids() and len(ids) == r.n_tokens
     assert min(ids) >= 3 and max(ids) < 512
+
+
+def test_probes_take_both_routes_and_follow_the_load():
+    spec = LoadSpec(n_requests=50, span_s=10.0, threshold=300)
+    probes = make_probes(spec, 0, 4)
+    assert [p.kind for p in probes] == ["short", "long", "short", "long"]
+    assert [p.index for p in probes] == [50, 51, 52, 53]
+    assert all(p.n_tokens <= 300 < q.n_tokens for p, q in zip(probes[::2], probes[1::2]))
+    assert probes == make_probes(spec, 0, 4)
 
 
 def test_load_spec_rejects_lengths_that_do_not_straddle_the_threshold():
