@@ -23,9 +23,15 @@ class _Msg(msgspec.Struct, tag=True, frozen=True, kw_only=True):
 
 
 class Open(_Msg, frozen=True, kw_only=True):
-    """First message of a transfer; the receiver checks version, layout and that it expects the id."""
+    """First message of a transfer; the receiver checks version, layout, chunk size and that it expects
+    the id. `chunk_bytes`: the sender's largest chunk payload; a receiver whose frame limit is smaller
+    refuses the Open by name (else libzmq would drop the connection at the first chunk, silently).
+    0 = not declared (a v1 sender from before the field: unchecked); msgspec ignores the field on such
+    a receiver, so the protocol version stays 1.
+    """
 
     layout: MemoryLayout
+    chunk_bytes: int = 0
 
 
 class OpenAck(_Msg, frozen=True, kw_only=True):

@@ -42,9 +42,11 @@ def max_frame_bytes(layout: MemoryLayout, cfg: TransferConfig) -> int:
     """ZMQ_MAXMSGSIZE of the data listener (per frame): a sender's largest frame is a chunk's data frame
     (<= chunk_bytes) or the Open header, which carries the layout. libzmq drops the connection of a peer
     announcing a bigger frame before buffering any of it, so no peer can make us hold a 4 GiB frame.
-    Prefill and decode must therefore run with the same chunk_bytes (a larger one on the sender is refused).
+    Prefill and decode must therefore run with the same chunk_bytes: a sender's Open announces its own,
+    and a larger one is refused by name there (`_chunk_size_problem`) instead of dropped at its first chunk.
     """
-    open_header = len(Codec().encode(Open(transfer_id=0, layout=layout)))
+    largest_open = Open(transfer_id=(1 << 64) - 1, layout=layout, chunk_bytes=cfg.chunk_bytes)
+    open_header = len(Codec().encode(largest_open))
     return max(cfg.chunk_bytes, open_header) + _FRAME_SLACK
 
 
@@ -113,7 +115,8 @@ class ZmqReceiver(SocketLoop):
         self._codec = Codec()
         self._ctx = zmq.Context(io_threads=cfg.io_threads)
         self._sock = make_socket(self._ctx, zmq.ROUTER, cfg)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes(layout, cfg))
+        self._max_frame = max_frame_bytes(layout, cfg)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, self._max_frame)
         self._auth = secure_server(self._ctx, self._sock, cfg.keys_dir) if cfg.keys_dir else None
         self._sock.bind(f"tcp://{host}:{port}")
         bound_port = int(self._sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
@@ -286,12 +289,20 @@ class ZmqReceiver(SocketLoop):
         t.sender, t.session = src.ident, src.session
         t.progress = time.monotonic()
         t.opened = t.opened or t.progress
-        problem = self.layout.mismatch(msg.layout)
+        problem = self.layout.mismatch(msg.layout) or self._chunk_size_problem(msg.chunk_bytes)
         if problem:
             self._finish(t, S.FAILED, problem)
             return
         self._set(t, S.TRANSFERRING)
         self._send(src.ident, OpenAck(transfer_id=t.tid))
+
+    def _chunk_size_problem(self, chunk_bytes: int) -> str | None:
+        """A sender whose chunks' data frames could exceed our MAXMSGSIZE (0: an older sender, unknown)."""
+        if chunk_bytes <= self._max_frame:
+            return None
+        return (f"sender chunk_bytes={chunk_bytes} exceeds this receiver's frame limit of {self._max_frame} B "
+                f"(chunk_bytes={self.cfg.chunk_bytes} + slack): run prefill and decode with the same "
+                "chunk_bytes (--prfaas-zmq-chunk-bytes)")
 
     def _on_chunk(self, src: _From, msg: Chunk, data: list[zmq.Frame]) -> None:
         if self._slow is not None:

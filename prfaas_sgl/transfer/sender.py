@@ -194,7 +194,7 @@ class ZmqSender(SocketLoop):
         t = _OutTransfer(tid, link, timeout_s, started=now, progress=now)
         self._transfers[tid] = t
         self._set(t, S.OPENING)
-        t.link.control.append(self._stamp(Open(transfer_id=tid, layout=self.layout)))
+        t.link.control.append(self._stamp(Open(transfer_id=tid, layout=self.layout, chunk_bytes=self.cfg.chunk_bytes)))
         return t
 
     def _new_link(self, peer: PeerInfo) -> Link:

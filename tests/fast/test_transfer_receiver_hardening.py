@@ -280,6 +280,31 @@ def test_frame_limit_fits_chunks_and_the_open_header():
     assert len(CODEC.encode(Open(transfer_id=(1 << 64) - 1, layout=LAYOUT))) < limit
 
 
+def test_an_open_announcing_bigger_chunks_fails_fast_with_a_named_reason(rx, src):
+    """Prefill and decode disagree on chunk_bytes. Before: OpenAck, then the first 80 KiB chunk frame
+    exceeded the receiver's MAXMSGSIZE, libzmq dropped the connection without a word and the transfer
+    only timed out. Now the Open carries the sender's chunk_bytes and is refused at once."""
+    tid, regions = next(IDS), page_regions(LAYOUT, list(range(44, 64)))  # 80 KiB per buffer stream
+    rx.call("expect", tid, regions)
+    big = CFG.replace(chunk_bytes=128 << 10, window_bytes=1 << 20)
+    assert 80 << 10 > R.max_frame_bytes(LAYOUT, CFG)  # the chunk's one data frame would be dropped
+    tx = ZmqSender(LAYOUT, src, big)
+    try:
+        tx.send(tid, rx.address, regions, last=True)
+        s = tx.wait(tid, 5)
+    finally:
+        tx.close()
+    limit = R.max_frame_bytes(LAYOUT, CFG)
+    reason = (f"sender chunk_bytes={128 << 10} exceeds this receiver's frame limit of {limit} B (chunk_bytes="
+              f"{CFG.chunk_bytes} + slack): run prefill and decode with the same chunk_bytes "
+              "(--prfaas-zmq-chunk-bytes)")
+    assert (s.state, s.reason) == (S.FAILED, f"receiver: {reason}")
+    r = rx.call("poll", tid)
+    assert (r.state, r.reason) == (S.FAILED, reason)
+    assert rx.call("read", regions) == bytes(sum(r.length for r in regions))
+    assert_serving(rx, src)
+
+
 # -- M3: only the opener may feed a transfer --------------------------------------------------------------
 def test_chunk_from_another_host_is_refused_and_the_real_transfer_completes(rx, src):
     """A real sender (its session: host + its link's token) opens; a second DEALER on another address
