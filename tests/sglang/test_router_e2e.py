@@ -8,9 +8,13 @@ Tests run in file order; the last one kills the PrfaaS server.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import socket
 import urllib.error
+import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -166,6 +170,42 @@ def test_bad_input_gets_openai_error_and_router_stays_up(router, body, status, c
     ok, _, answer = call(router.url + "/v1/completions",
                          {"model": "tiny", "prompt": "hello", "max_tokens": 2, "ignore_eos": True})
     assert ok == 200 and answer["usage"]["completion_tokens"] == 2
+
+
+def open_stream(url: str, body: dict) -> tuple[http.client.HTTPConnection, Iterator[dict]]:
+    """POST a streaming /v1/completions; returns the connection and its parsed SSE events (without [DONE])."""
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
+    conn.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200, resp.read()
+
+    def events() -> Iterator[dict]:
+        for line in resp:
+            if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+                yield json.loads(line[6:])
+    return conn, events()
+
+
+def test_client_rid_cannot_abort_another_clients_request(router, model_paths):
+    """H2: SGLang aborts by rid *prefix*. With client rids forwarded, A ("a") leaving aborted B ("abc")."""
+    path = model_paths["hybrid"]
+    out = 600  # B still decodes when A leaves
+
+    def body(rid: str, seed: int) -> dict:
+        return {"model": "tiny", "prompt": prompt_ids(path, 60, seed=seed), "max_tokens": out, "temperature": 0,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, "rid": rid}
+
+    _, b = open_stream(router.url, body("abc", 30))
+    next(b)  # B is decoding
+    conn_a, a = open_stream(router.url, body("a", 31))
+    next(a)
+    conn_a.sock.shutdown(socket.SHUT_RDWR)  # A leaves: the router drops its stream, SGLang aborts A's rid
+    conn_a.close()
+    rest = list(b)
+    assert not [e for e in rest if "error" in e], rest[-3:]
+    finish = [c["finish_reason"] for e in rest for c in e.get("choices", []) if c.get("finish_reason")]
+    assert finish == ["length"] and rest[-1]["usage"]["completion_tokens"] == out
 
 
 def test_prfaas_server_killed_requests_still_served_locally(router, farm, model_paths):
