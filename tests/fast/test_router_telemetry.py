@@ -9,6 +9,7 @@ import os
 import time
 import urllib.request
 
+import aiohttp
 import msgspec
 import pytest
 import zmq
@@ -17,7 +18,7 @@ from aiohttp import web
 
 from prfaas_sgl import netns
 from prfaas_sgl.router.app import start_router
-from prfaas_sgl.router.cluster import Cluster, LinkState, apply_link_stats, poll_loads
+from prfaas_sgl.router.cluster import Cluster, LinkState, apply_link_stats, poll_loads, poll_loads_once
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
 from prfaas_sgl.router.kv_events import BlockStored, KVEventBatch, KVEventSubscriber
 from prfaas_sgl.router.prefix_index import ExactIndex
@@ -117,7 +118,6 @@ async def _poller_scenario(tmp_path) -> None:
     spec = InstanceSpec(url, bootstrap_port=1)
     cluster = Cluster(RouterConfig(prfaas=(spec,), decode=(InstanceSpec(url),), tokenizer_path=str(tmp_path),
                                    loads_interval_s=0.02, transport_stats_url=f"{url}/stats"))
-    import aiohttp
     async with aiohttp.ClientSession() as session:
         task = asyncio.create_task(poll_loads(cluster, session))
         try:
@@ -144,6 +144,34 @@ async def _poller_scenario(tmp_path) -> None:
 def test_poller_survives_garbage_answers_and_counts_them(tmp_path):
     """M8: a JSON array at the stats URL used to end load polling for every instance, silently."""
     asyncio.run(_poller_scenario(tmp_path))
+
+
+async def _two_prefills_scenario(tmp_path) -> list[tuple[float, bool]]:
+    a, b = Answers(), Answers()
+    urls = [await a.start(), await b.start()]
+    a.loads = b.loads = json.dumps(GOOD_LOADS).encode()
+    a.stats = json.dumps(_book_with_traffic({"10.0.0.2:7000": 3 * MB}).snapshot()).encode()
+    b.stats = json.dumps(_book_with_traffic({"10.0.0.2:7000": MB}).snapshot()).encode()
+    (tmp_path / "tokenizer.json").write_text("{}")
+    cluster = Cluster(RouterConfig(prfaas=(InstanceSpec(urls[0], bootstrap_port=1),), decode=(InstanceSpec(urls[1]),),
+                                   tokenizer_path=str(tmp_path), transport_stats_url=f"{urls[0]}/stats, {urls[1]}/stats"))
+    seen = []
+    async with aiohttp.ClientSession() as session:
+        await poll_loads_once(cluster, session)
+        seen.append((cluster.link.goodput_bps, cluster.link.stats_ok))
+        b.stats = b"{}"
+        await poll_loads_once(cluster, session)
+        seen.append((cluster.link.goodput_bps, cluster.link.stats_ok))
+    for srv in (a, b):
+        await srv.runner.cleanup()
+    return seen
+
+
+def test_several_stats_urls_add_up_and_all_must_answer(tmp_path):
+    """One endpoint per PrfaaS prefill (or TP rank) all feed the one link; a partial sum is not trusted."""
+    seen = asyncio.run(_two_prefills_scenario(tmp_path))
+    assert seen[0][1] and seen[0][0] == pytest.approx(8 * 4 * MB)
+    assert seen[1] == (0.0, False)
 
 
 # ---------------------------------------------------------------- L3: KV events resync after a gap
