@@ -3,24 +3,67 @@
 A link is named by the receiver's full identity, (host, port, CURVE server key): a decode that restarts
 on the same port with a new key is a new peer, and sockets still holding the old key would fail every
 handshake. Unused links close (LRU beyond `max_links`, and after `link_idle_s`): every link holds
-3 sockets per connection and redials its peer forever, and decodes come and go.
+3 sockets per connection and redials its peer forever, and decodes come and go. A link's connections
+carry its secret token in their ROUTING_IDs (`link_token`), so only this link can feed its transfers.
 """
 
 from __future__ import annotations
 
 import collections
+import secrets
 from collections.abc import Callable
 from typing import Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from prfaas_sgl.transfer.config import PeerInfo
+from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
+from prfaas_sgl.transfer.loop import make_socket
+from prfaas_sgl.transfer.security import secure_client
 from prfaas_sgl.transfer.stats import LinkStats
 
 
 HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+_TOKEN_BYTES = 16
+
+
+def link_token() -> bytes:
+    """A link's secret: its connections' ROUTING_IDs are `token + connection index` (one byte).
+
+    The receiver binds a transfer to the session that opened it: peer address, CURVE client key and
+    this token (see receiver `session_of`). Without it, any process on the prefill's host (same address,
+    same empty key in plaintext) could feed our transfers. First byte non-zero: libzmq reserves
+    identities starting with 0 for the ones it generates, which carry no token.
+    """
+    return bytes([1 + secrets.randbelow(255)]) + secrets.token_bytes(_TOKEN_BYTES - 1)
+
+
+def open_link(ctx: zmq.Context, cfg: TransferConfig, peer: PeerInfo, stats: LinkStats, now: float) -> "Link":
+    """`cfg.connections` DEALERs dialling `peer` under one fresh token (may raise: nothing is left open)."""
+    token = link_token()
+    socks: list[zmq.Socket] = []
+    try:
+        for i in range(cfg.connections):
+            socks.append(_dealer(ctx, cfg, peer, token + bytes([i])))
+        return Link(peer, socks, stats, cfg.window_bytes, now)
+    except BaseException:
+        for s in socks:
+            s.close(0)
+        raise
+
+
+def _dealer(ctx: zmq.Context, cfg: TransferConfig, peer: PeerInfo, routing_id: bytes) -> zmq.Socket:
+    sock = make_socket(ctx, zmq.DEALER, cfg)
+    try:
+        sock.setsockopt(zmq.ROUTING_ID, routing_id)
+        if cfg.keys_dir:
+            secure_client(sock, cfg.keys_dir, peer.server_key)
+        sock.connect(peer.endpoint)
+    except BaseException:
+        sock.close(0)
+        raise
+    return sock
 
 
 class Link:

@@ -166,14 +166,14 @@ def test_unused_links_close_after_link_idle_s():
 def test_an_error_in_one_transfer_fails_only_that_transfer():
     """H5: a handler raising for transfer 50 fails it (the receiver hears Abort); 51 and the loop go on."""
     with receiver() as (rx, _), sender() as tx:
-        real = tx._chunk_header
+        real = tx._frames.chunk_header
 
-        def broken(t, plan, frames):
-            if t.tid == 50:
+        def broken(tid, seq, plan, frames):
+            if tid == 50:
                 raise RuntimeError("injected bug")
-            return real(t, plan, frames)
+            return real(tid, seq, plan, frames)
 
-        tx._chunk_header = broken
+        tx._frames.chunk_header = broken
         s = transfer(tx, rx, 50)
         assert (s.state, s.reason) == (S.FAILED, "sender internal error in sending a chunk: RuntimeError: "
                                                   "injected bug")

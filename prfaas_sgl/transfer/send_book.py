@@ -1,0 +1,171 @@
+"""The sender's per-transfer bookkeeping: states, the statuses other threads read, replies, deadlines.
+
+Plain Python on the loop thread (no sockets): `ZmqSender` decides what happens on the wire, this table
+records what it means for each transfer. Statuses live in a dict that `poll()` reads from any thread
+(one `dict.get` under the GIL); nothing else here is touched off the loop thread.
+
+Deadlines: a transfer fails when it makes no progress for its `timeout_s` (see
+`TransferConfig.timeout_s` for what counts), or when it outlives `TransferConfig.cap_s` of the bytes
+queued so far, counted from its first send().
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+
+from prfaas_sgl.transfer.config import TransferConfig
+from prfaas_sgl.transfer.messages import Abort, Ack, Done, Failed, Message, OpenAck
+from prfaas_sgl.transfer.peers import Link
+from prfaas_sgl.transfer.states import TransferState as S, TransferStatus
+
+log = logging.getLogger(__name__)
+CLOSE = object()  # marks, in a transfer's job queue, where Close goes (after all its chunks)
+
+
+@dataclass(slots=True)
+class OutTransfer:
+    tid: int
+    link: Link
+    timeout_s: float
+    started: float
+    progress: float  # last send(), OpenAck or Ack of this transfer (time.monotonic())
+    state: S = S.OPENING
+    reason: str = ""
+    jobs: collections.deque = field(default_factory=collections.deque)  # (ChunkPlan, t_enqueued) | CLOSE
+    stream_pos: dict[int, int] = field(default_factory=dict)
+    next_seq: int = 0
+    inflight: int = 0
+    acked: int = 0
+    queued: int = 0  # chunk bytes handed to send() so far
+    closed: bool = False
+
+
+class SendBook:
+    """The sender's transfers by id; loop thread only, except `status` (read by `poll()`)."""
+
+    def __init__(self, cfg: TransferConfig) -> None:
+        self.cfg = cfg
+        self.transfers: dict[int, OutTransfer] = {}
+        self.status: dict[int, TransferStatus] = {}
+        # non-terminal subset of transfers, the only ones whose deadlines need checking
+        self.active: dict[int, OutTransfer] = {}
+
+    def add(self, t: OutTransfer) -> None:
+        self.transfers[t.tid] = t
+        self.set(t, S.OPENING)
+
+    def refuse(self, tid: int, reason: str) -> None:
+        """`tid` failed before it had a link (bad peer, no sockets, refused handshake)."""
+        self.status[tid] = TransferStatus(S.FAILED, reason)
+
+    def set(self, t: OutTransfer, state: S, reason: str = "") -> None:
+        t.state, t.reason = state, reason
+        if state.terminal:
+            self.active.pop(t.tid, None)
+        else:
+            self.active[t.tid] = t
+        t.link.attach(t.tid, time.monotonic(), live=not state.terminal)
+        self.status[t.tid] = TransferStatus(state, reason, t.acked)
+
+    def fail(self, t: OutTransfer, state: S, reason: str, notify: bool) -> None:
+        """End `t` in `state`: drop its queued jobs, return its window; `notify` tells the receiver."""
+        t.jobs.clear()
+        t.link.forget(t.inflight)
+        t.inflight = 0
+        t.link.stats.on_failure(state.value)
+        self.set(t, state, reason)
+        if notify:
+            t.link.control.append(Abort(transfer_id=t.tid, reason=reason))
+
+    def contain(self, tid: int, what: str, err: Exception) -> None:
+        """An unexpected error while handling `tid`: fail that transfer only, keep the loop running."""
+        log.error("transfer %d: unexpected error in %s", tid, what, exc_info=err)
+        reason = f"sender internal error in {what}: {type(err).__name__}: {err}"
+        t = self.transfers.get(tid)
+        if t is None:
+            self.refuse(tid, reason)
+        elif not t.state.terminal:
+            try:
+                self.fail(t, S.FAILED, reason, notify=True)
+            except Exception:  # the bookkeeping itself is broken: at least make the status terminal
+                log.exception("transfer %d: failing it raised too", tid)
+                self.set(t, S.FAILED, reason)
+
+    def abort(self, tid: int, reason: str) -> None:
+        t = self.transfers.get(tid)
+        if t is not None and not t.state.terminal:
+            self.fail(t, S.ABORTED, reason, notify=True)
+
+    def release(self, tid: int) -> None:
+        try:
+            self.abort(tid, "released by sender")
+        finally:
+            self.transfers.pop(tid, None)
+            self.status.pop(tid, None)
+
+    def fail_all(self, reason: str) -> None:
+        for t in list(self.active.values()):
+            self.set(t, S.FAILED, reason)
+
+    def fail_link(self, link: Link, reason: str) -> None:
+        """The peer behind `link` refused us (e.g. its handshake): its live transfers fail now."""
+        for t in list(self.active.values()):
+            if t.link is link:
+                self.fail(t, S.FAILED, reason, notify=False)
+
+    def on_reply(self, msg: Message, now: float) -> None:
+        """Apply a receiver's answer (OpenAck/Ack/Done/Failed/Abort) to its transfer."""
+        t = self.transfers.get(msg.transfer_id)
+        if t is None or t.state.terminal:
+            return
+        if isinstance(msg, OpenAck) and t.state is S.OPENING:
+            t.progress = now
+            self.set(t, S.TRANSFERRING)
+            t.link.queue_work(t)
+        elif isinstance(msg, Ack):
+            t.progress = now
+            t.inflight -= msg.length
+            t.acked += msg.length
+            t.link.on_ack(msg.length, now)
+        elif isinstance(msg, Done):
+            # Done may overtake Acks that travel on other connections: it acknowledges everything.
+            t.link.on_ack(t.inflight, now)
+            t.acked += t.inflight
+            t.inflight = 0
+            self.set(t, S.DONE)
+            t.link.stats.on_done(now - t.started)
+        elif isinstance(msg, (Failed, Abort)):
+            state = S.FAILED if isinstance(msg, Failed) else S.ABORTED
+            self.fail(t, state, f"receiver: {msg.reason}", notify=False)
+
+    # -- deadlines ---------------------------------------------------------------------------------
+    def cap(self, t: OutTransfer) -> float | None:
+        """Absolute end of `t`: `cfg.cap_s` of the bytes queued so far, from its first send()."""
+        cap_s = self.cfg.cap_s(t.queued)
+        return None if cap_s is None else t.started + cap_s
+
+    def deadline(self, t: OutTransfer) -> float:
+        last = t.progress
+        if t.jobs:  # still queued behind other transfers on the link: their progress is ours
+            last = max(last, t.link.last_progress)
+        cap = self.cap(t)
+        return last + t.timeout_s if cap is None else min(last + t.timeout_s, cap)
+
+    def next_deadline(self) -> float | None:
+        return min((self.deadline(t) for t in self.active.values()), default=None)
+
+    def due(self, now: float) -> list[OutTransfer]:
+        return [t for t in list(self.active.values()) if now >= self.deadline(t)]
+
+    def expire(self, t: OutTransfer, now: float) -> None:
+        """`t` passed its deadline: TIMED_OUT with what was missing, and the receiver is told."""
+        cap = self.cap(t)
+        why = (f"exceeded its {self.cfg.cap_text(t.queued)}" if cap is not None and now >= cap
+               else f"timed out after {t.timeout_s:g} s")
+        hint = (" (no OpenAck: peer unreachable, not expecting it, or CURVE key refused?)"
+                if t.state is S.OPENING else " (no progress: receiver stalled or link down?)")
+        self.fail(t, S.TIMED_OUT, f"{why} in state {t.state.value}, {t.acked} bytes acknowledged{hint}",
+                  notify=True)
