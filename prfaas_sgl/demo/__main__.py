@@ -24,6 +24,7 @@ from prfaas_sgl.demo import quick
 from prfaas_sgl.demo.table import format_side_by_side
 from prfaas_sgl.demo.topology import DemoLink, deployment
 from prfaas_sgl.deploy.up import Stack, resolve_model
+from prfaas_sgl.transfer.security import generate_keys
 
 POLICIES = (("PrfaaS (threshold + bandwidth-aware)", "bandwidth_aware"),
             ("homogeneous PD (all local)", "local_only"),
@@ -94,8 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     model = resolve_model("tiny:tiny-qwen35-hybrid")
     t0 = time.monotonic()
+    keys = args.out / "keys"
+    generate_keys(str(keys))  # the demo runs secure, as a deployment must on routable addresses
     with demo_link(args.link_mbit) as link:
-        dep = deployment(link, "tiny:tiny-qwen35-hybrid", args.backend, args.threshold, args.link_mbit)
+        dep = deployment(link, "tiny:tiny-qwen35-hybrid", args.backend, args.threshold, args.link_mbit, str(keys))
         stack = Stack(dep, None, args.out / "logs", say=say)
         try:
             say("starting 3 SGLang servers on CPU + the router (1-3 min) ...")

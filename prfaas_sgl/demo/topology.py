@@ -25,7 +25,10 @@ class DemoLink:
     rate: str | None
 
 
-def deployment(link: DemoLink, model: str, backend: str, threshold: int, link_mbit: float) -> Deployment:
+def deployment(link: DemoLink, model: str, backend: str, threshold: int, link_mbit: float,
+               keys_dir: str | None = None) -> Deployment:
+    """`keys_dir` (made by `prfaas keys`): CURVE and an authenticated Register on the data plane, which
+    prfaas_zmq requires once the link's routable addresses are used."""
     boot_remote, boot_local = free_port(), free_port()
     servers = (
         ServerEntry("prfaas-0", "demo", "prfaas", link.remote_ip, free_port(), boot_remote, link.netns,
@@ -42,4 +45,6 @@ def deployment(link: DemoLink, model: str, backend: str, threshold: int, link_mb
         "state_bytes": float(STATE_BYTES), "link_gbps": link_mbit / 1000.0, "context_length": 8192,
         "loads_interval_s": 0.5, "health_interval_s": 2.0,
     }
-    return Deployment(model=model, servers=servers, router=router, transfer_backend=backend, device="cpu")
+    keys = ("--prfaas-zmq-curve-keys", keys_dir) if keys_dir and backend == "prfaas_zmq" else ()
+    return Deployment(model=model, servers=servers, router=router, transfer_backend=backend, device="cpu",
+                      server_args=keys)

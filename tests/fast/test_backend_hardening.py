@@ -336,3 +336,65 @@ def test_keys_command_makes_a_usable_directory(tmp_path, capsys):
     cfg = PrfaasConfig(zmq_curve_keys=str(tmp_path / "k"))
     assert len(register_secret(cfg.zmq_curve_keys)) >= 32
     assert "--prfaas-zmq-curve-keys" in capsys.readouterr().out
+
+
+def test_control_socket_refuses_forged_register_over_tcp(keys):
+    """H1 over real sockets: SGLang's PULL control socket, a legit decode and a forger on PUSH sockets."""
+    import zmq
+
+    good, attacker = keys
+    m = make_prefill(good)
+    ctx = zmq.Context()
+    m.server_socket = ctx.socket(zmq.PULL)
+    port = m.server_socket.bind_to_random_port("tcp://127.0.0.1")
+    thread = threading.Thread(target=m._control_loop, daemon=True)
+    thread.start()
+    push = ctx.socket(zmq.PUSH)
+    push.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        legit = register("127.0.0.1", server_key=server_public_key(good))
+        forged = control.Register(**{**{f: getattr(legit, f) for f in legit.__struct_fields__},
+                                     "server_key": server_public_key(attacker)})
+        push.send_multipart(control.encode(legit, register_secret(good)))
+        push.send_multipart(control.encode(forged))
+        push.send_multipart(control.encode(forged, register_secret(attacker)))
+        deadline = time.monotonic() + 10
+        while sum(m.peers.refusals.values()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert m.peers.refusals == {"unsigned": 1, "bad_mac": 1}
+        assert m.peers.get(legit.session).server_key == server_public_key(good)
+        assert thread.is_alive()
+    finally:
+        m._stopped = True
+        thread.join(2)
+        push.close(0)
+        m.server_socket.close(0)
+        ctx.term()
+
+
+def test_sender_will_not_encrypt_kv_for_an_announced_untrusted_key(keys, tmp_path):
+    """Second H1 repro, over real sockets: an attacker's CURVE receiver that even authorizes the
+    prefill's client key. Before the fix the transfer completed into the attacker's memory."""
+    from prfaas_sgl.transfer.layout import page_regions
+    from prfaas_sgl.transfer.receiver import ZmqReceiver
+    from prfaas_sgl.transfer.sender import ZmqSender
+    from prfaas_sgl.transfer.testing import fill_random, small_layout
+
+    good, attacker = keys
+    evil = tmp_path / "evil"
+    shutil.copytree(attacker, evil)
+    shutil.copy(f"{good}/client.key", evil / "authorized_clients" / "victim.key")
+    layout = small_layout()
+    cfg = TransferConfig(connections=1, chunk_bytes=8192, window_bytes=32768, timeout_s=10.0)
+    rx = ZmqReceiver(layout, fill_random(layout, seed=1), cfg.replace(keys_dir=str(evil)))
+    tx = ZmqSender(layout, fill_random(layout, seed=2), cfg.replace(keys_dir=good))
+    try:
+        regions = page_regions(layout, [1, 2])
+        rx.expect(9, regions)
+        tx.send(9, rx.address, regions, last=True)  # rx.address carries the attacker's server key
+        status = tx.wait(9, 10)
+        assert status.state is S.FAILED and "untrusted CURVE server key" in status.reason
+        assert rx.poll(9).nbytes == 0
+    finally:
+        tx.close()
+        rx.close()
