@@ -35,10 +35,23 @@ def test_frozen():
     (["--prfaas-zmq-timeout-s", "-1"], "--prfaas-zmq-timeout-s"),
     (["--prfaas-zmq-curve-keys", "/nonexistent/dir"], "--prfaas-zmq-curve-keys"),
     (["--prfaas-zmq-stats-port", "70000"], "--prfaas-zmq-stats-port"),
+    (["--prfaas-zmq-curve-keys", "KEYS", "--prfaas-zmq-insecure"], "--prfaas-zmq-insecure"),
+    (["--prfaas-zmq-curve-keys", "NO_SECRET"], "register.secret"),
 ])
-def test_invalid_values_name_the_flag(argv, flag):
+def test_invalid_values_name_the_flag(argv, flag, tmp_path):
+    from prfaas_sgl.transfer.security import generate_keys
+
+    generate_keys(str(tmp_path / "keys"))
+    (tmp_path / "no-secret").mkdir()
+    argv = [{"KEYS": str(tmp_path / "keys"), "NO_SECRET": str(tmp_path / "no-secret")}.get(a, a) for a in argv]
     with pytest.raises(ValueError, match=flag):
         parse(argv)
+
+
+def test_insecure_is_a_switch(tmp_path):
+    """M3 (issue 12): keys are the default on routable addresses; plaintext must be asked for by name."""
+    assert parse([]).zmq_insecure is False
+    assert parse(["--prfaas-zmq-insecure"]).zmq_insecure is True
 
 
 def test_unknown_choice_is_argparse_error(capsys):
