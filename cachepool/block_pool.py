@@ -6,6 +6,11 @@ Plain Python, no tensors. Every block is in exactly one state:
     in use    ref  > 0 (cached or not) -> referenced by request tables
 Managers own the prefix index; a cached block records (manager, hash) so eviction can ask its
 manager to drop the whole entry (a linear-state checkpoint spans several blocks).
+
+`_idle[m]` counts the blocks of `_lru` owned by manager m. SGLang asks for evictable sizes several
+times per scheduler step, so the count is kept at the three places a block enters or leaves `_lru`
+(decref, incref, eviction) instead of scanning it. An owner is only ever set on an in-use block and
+only cleared on eviction, so a block's owner cannot change while it sits in `_lru`.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ class EntryOwner(Protocol):
 
 
 class BlockPool:
-    __slots__ = ("num_blocks", "ref", "owner", "owner_hash", "_free", "_lru")
+    __slots__ = ("num_blocks", "ref", "owner", "owner_hash", "_free", "_lru", "_idle")
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
@@ -32,6 +37,7 @@ class BlockPool:
         self.owner_hash: list[int] = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
         self._lru: OrderedDict[int, None] = OrderedDict()
+        self._idle: dict[EntryOwner, int] = {}  # owner -> its blocks in _lru
 
     # -- counts -------------------------------------------------------------------------------
     def num_free(self) -> int:
@@ -39,6 +45,10 @@ class BlockPool:
 
     def num_cached_idle(self) -> int:
         return len(self._lru)
+
+    def num_idle(self, owner: EntryOwner) -> int:
+        """Blocks of `owner`'s index that no request references (evictable now). O(1)."""
+        return self._idle.get(owner, 0)
 
     def num_available(self) -> int:
         """Blocks an allocation may take now: free plus evictable."""
@@ -71,34 +81,45 @@ class BlockPool:
         return True
 
     def _evict_one(self) -> None:
-        block = next(iter(self._lru))  # least recently released
+        self.evict_entry(next(iter(self._lru)))  # least recently released
+
+    def evict_entry(self, block: int) -> None:
+        """Evict the idle cached entry holding `block` (all of its blocks) to the free list, out of
+        LRU order. Raises ValueError if `block` is not idle and cached."""
+        if block not in self._lru:
+            raise ValueError(f"block {block} is not an idle cached block")
         manager = self.owner[block]
-        for b in manager.drop_entry(self.owner_hash[block]):  # type: ignore[union-attr]
+        dropped = manager.drop_entry(self.owner_hash[block])  # type: ignore[union-attr]
+        for b in dropped:
             del self._lru[b]
             self.owner[b] = None
             self._free.append(b)
+        self._idle[manager] -= len(dropped)  # type: ignore[index]
 
     # -- references ---------------------------------------------------------------------------
     def incref(self, blocks: list[int]) -> None:
         """Take a reference on each block (a cache hit); cached idle blocks leave the LRU."""
-        ref, lru = self.ref, self._lru
+        ref, lru, owner, idle = self.ref, self._lru, self.owner, self._idle
         for b in blocks:
             if ref[b] == 0:
                 del lru[b]
+                idle[owner[b]] -= 1  # type: ignore[index]
             ref[b] += 1
 
     def decref(self, blocks: list[int]) -> None:
         """Drop a reference on each block, in the order given: the first to reach 0 is evicted
         first, so callers pass tails before prefixes."""
-        ref, owner = self.ref, self.owner
+        ref, owner, idle = self.ref, self.owner, self._idle
         for b in blocks:
             r = ref[b] - 1
             ref[b] = r
             if r == 0:
-                if owner[b] is None:
+                o = owner[b]
+                if o is None:
                     self._free.append(b)
                 else:
                     self._lru[b] = None
+                    idle[o] = idle.get(o, 0) + 1
 
     def set_owner(self, block: int, manager: EntryOwner, block_hash: int) -> None:
         """Mark an in-use block as cached under (manager, hash)."""
@@ -120,6 +141,7 @@ class BlockPool:
         self.owner_hash = [0] * self.num_blocks
         self._free = deque(range(self.num_blocks))
         self._lru.clear()
+        self._idle.clear()
 
     def check(self) -> None:
         """Pool-local invariants; raises AssertionError naming the first violation."""
@@ -135,3 +157,14 @@ class BlockPool:
                 assert r == 0 and self.owner[b] is not None, f"idle cached block {b}: ref {r} or no owner"
             else:
                 assert r > 0, f"block {b} is neither free, cached nor referenced (leaked)"
+        self._check_idle()
+
+    def _check_idle(self) -> None:
+        """The per-owner idle counters equal a count over `_lru`."""
+        counted: dict[EntryOwner, int] = {}
+        for b in self._lru:
+            o = self.owner[b]
+            counted[o] = counted.get(o, 0) + 1  # type: ignore[index]
+        kept = {o: n for o, n in self._idle.items() if n}
+        names = lambda d: {getattr(o, "name", o): n for o, n in d.items()}  # noqa: E731
+        assert kept == counted, f"idle counters {names(kept)} != LRU count {names(counted)}"

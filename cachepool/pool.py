@@ -42,6 +42,7 @@ class HybridCachePool:
         self.events = EventLog(cfg.enable_events)
         self.managers = tuple(
             manager_class(g.kind)(g, cfg, self.blocks, self.events) for g in cfg.groups)
+        self._by_name = {m.name: m for m in self.managers}
         self._reqs: dict[str, _Request] = {}
 
     # -- lookup --------------------------------------------------------------------------------
@@ -157,6 +158,11 @@ class HybridCachePool:
                     for m, st in zip(self.managers, r.states) for b in m.held_blocks(st)
                     if bp.owner[b] is None}
         return PoolUsage(bp.num_blocks, free, idle, bp.num_blocks - free - idle, len(transfer))
+
+    def idle_blocks(self, group: str) -> int:
+        """Cached blocks of `group` that no request references (evictable now). O(1): read on every
+        scheduler step by the SGLang backend."""
+        return self.blocks.num_idle(self._by_name[group])
 
     def request_ids(self) -> list[str]:
         return list(self._reqs)

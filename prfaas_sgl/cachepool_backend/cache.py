@@ -288,15 +288,10 @@ class PrfaasHybridCache(BasePrefixCache):
             tokens, states = tokens + t, states + s
         return EvictResult(num_tokens_evicted=tokens, mamba_num_evicted=states)
 
-    def _idle(self) -> tuple[int, int]:
-        full = self.pool.managers[0]
-        owner = self.pool.blocks.owner
-        lru = self.pool.blocks.lru_blocks()
-        n_full = sum(1 for b in lru if owner[b] is full)
-        return n_full, len(lru) - n_full
-
+    # SGLang reads these several times per scheduler step: each is O(1) (the pool keeps per-group
+    # idle counters; a linear state is one pool block here, see reset())
     def evictable_size(self) -> int:
-        return self._idle()[0] * self.bs
+        return self.pool.idle_blocks(FULL) * self.bs
 
     full_evictable_size = evictable_size
 
@@ -306,10 +301,10 @@ class PrfaasHybridCache(BasePrefixCache):
     full_protected_size = protected_size
 
     def mamba_evictable_size(self) -> int:
-        return self._idle()[1]
+        return 0 if self.kv_only else self.pool.idle_blocks(LINEAR)
 
     def mamba_protected_size(self) -> int:
-        return len(self.mirror.state_of) - self._idle()[1]
+        return len(self.mirror.state_of) - self.mamba_evictable_size()
 
     def total_size(self) -> int:
         return len(self.mirror.kv_of) * self.bs

@@ -113,11 +113,7 @@ def test_linear_state_must_match_exactly_at_the_boundary():
     # evict the checkpoint at 16 only: it is not first in the LRU, so drop it through its manager
     gdn = pool.managers[1]
     h16 = block_hashes(list(range(16)), BS)[-1]
-    freed = gdn.drop_entry(h16)
-    for b in freed:
-        del pool.blocks._lru[b]
-        pool.blocks.owner[b] = None
-        pool.blocks._free.append(b)
+    pool.blocks.evict_entry(gdn.index[h16][0])
     pool.check_integrity()
     assert pool.match(list(range(20))) == 8  # full KV still covers 16 tokens
 
