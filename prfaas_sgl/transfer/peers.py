@@ -32,7 +32,7 @@ def link_token() -> bytes:
     """A link's secret: its connections' ROUTING_IDs are `token + connection index` (one byte).
 
     The receiver binds a transfer to the session that opened it: peer address, CURVE client key and
-    this token (see receiver `session_of`). Without it, any process on the prefill's host (same address,
+    this token (see `recv_gate.session_of`). Without it, any process on the prefill's host (same address,
     same empty key in plaintext) could feed our transfers. First byte non-zero: libzmq reserves
     identities starting with 0 for the ones it generates, which carry no token.
     """
