@@ -11,6 +11,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -109,8 +110,7 @@ def test_forged_register_cannot_redirect_kv(keys):
     secret = register_secret(good)
     legit = register(server_key=server_public_key(good))
     m._on_control(control.encode(legit, secret), DECODE_IP)
-    forged = control.Register(**{**{f: getattr(legit, f) for f in legit.__struct_fields__},
-                                 "data_host": ATTACKER_IP, "server_key": server_public_key(attacker)})
+    forged = msgspec.structs.replace(legit, data_host=ATTACKER_IP, server_key=server_public_key(attacker))
     m._on_control(control.encode(forged), ATTACKER_IP)  # unsigned
     m._on_control(control.encode(forged, b"x" * 32), ATTACKER_IP)  # signed with a guessed secret
     m._on_control(control.encode(metadata()), DECODE_IP)
@@ -135,8 +135,7 @@ def test_signed_register_is_still_checked(keys, case, counter):
     elif case == "untrusted_key":
         msg = register(server_key=server_public_key(attacker))
     else:
-        msg = control.Register(**{**{f: getattr(register(server_key=key), f) for f in control.Register.__struct_fields__},
-                                  "data_port": 0})
+        msg = msgspec.structs.replace(register(server_key=key), data_port=0)
     m._on_control(control.encode(msg, register_secret(good)), peer_ip)
     assert msg.session not in m.peers and m.peers.refusals == {counter: 1}
     m._on_control(control.encode(metadata()), DECODE_IP)
@@ -353,8 +352,7 @@ def test_control_socket_refuses_forged_register_over_tcp(keys):
     push.connect(f"tcp://127.0.0.1:{port}")
     try:
         legit = register("127.0.0.1", server_key=server_public_key(good))
-        forged = control.Register(**{**{f: getattr(legit, f) for f in legit.__struct_fields__},
-                                     "server_key": server_public_key(attacker)})
+        forged = msgspec.structs.replace(legit, server_key=server_public_key(attacker))
         push.send_multipart(control.encode(legit, register_secret(good)))
         push.send_multipart(control.encode(forged))
         push.send_multipart(control.encode(forged, register_secret(attacker)))
