@@ -1,8 +1,8 @@
 """The campaign's two concurrent halves: the seeded load through the router, and the fault schedule.
 
 Every planned request is sent exactly once (no client retries: retrying is the router's job) and ends in
-one RequestResult; faults run at their planned times, except that a server still starting from its
-previous kill is waited for before it is killed again (the record says when each fault really ran).
+one RequestResult; faults run at their planned times, except that a kill waits for restarts still under
+way on its target, or on the other prefill (the record says when each fault really ran).
 """
 from __future__ import annotations
 
@@ -76,8 +76,8 @@ async def run_faults(fleet: Fleet, link: Link, schedule: tuple[FaultEvent, ...],
     records: list[dict] = []
     for ev in schedule:
         await asyncio.sleep(max(0.0, t0 + ev.at_s - time.monotonic()))
-        if ev.kind == "kill" and ev.target in starting:
-            await starting.pop(ev.target)  # never kill a server that is still starting
+        for name in _wait_for(ev, starting):
+            await starting.pop(name)
         rec = {**ev.to_json(), "ran_at_s": round(time.monotonic() - t0, 2)}
         records.append(rec)
         if ev.kind == "kill":
@@ -88,6 +88,19 @@ async def run_faults(fleet: Fleet, link: Link, schedule: tuple[FaultEvent, ...],
             await _link_down(link, ev.duration_s, link_rate, rec, t0)
     await asyncio.gather(*starting.values())
     return records
+
+
+PREFILLS = ("remote_prefill", "local_prefill")
+
+
+def _wait_for(ev: FaultEvent, starting: dict[str, asyncio.Task]) -> list[str]:
+    """Servers whose restart must finish before `ev`: the target itself (never kill a server that is still
+    starting) and, for a prefill, the other prefill. One prefill always serves, so faults interleave with
+    requests that must come back correct instead of turning into a burst of 503s."""
+    if ev.kind != "kill":
+        return []
+    names = PREFILLS if ev.target in PREFILLS else (ev.target,)
+    return [n for n in names if n in starting]
 
 
 async def _restart(fleet: Fleet, name: str, rec: dict, t0: float) -> None:

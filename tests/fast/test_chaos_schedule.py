@@ -169,3 +169,14 @@ def test_presets_meet_the_issue_minimums():
 def test_config_refuses_a_transport_timeout_beyond_the_router_timeout():
     with pytest.raises(ValueError, match="zmq_timeout_s"):
         CampaignConfig(zmq_timeout_s=90.0, request_timeout_s=60.0)
+
+
+def test_a_prefill_kill_waits_for_the_other_prefill_to_be_back():
+    from prfaas_sgl.chaos.runner import _wait_for
+    from prfaas_sgl.chaos.schedule import FaultEvent
+
+    starting = {"local_prefill": object(), "decode_b": object()}
+    assert _wait_for(FaultEvent(1.0, "kill", "remote_prefill"), starting) == ["local_prefill"]
+    assert _wait_for(FaultEvent(1.0, "kill", "local_prefill"), starting) == ["local_prefill"]
+    assert _wait_for(FaultEvent(1.0, "kill", "decode_b"), starting) == ["decode_b"]
+    assert _wait_for(FaultEvent(1.0, "link_down", LINK, duration_s=3.0), starting) == []
