@@ -58,6 +58,11 @@ class ZmqReceiver(SocketLoop):
         self._sock = make_socket(self._ctx, zmq.ROUTER, cfg)
         self._max_frame = max_frame_bytes(layout, cfg)
         self._sock.setsockopt(zmq.MAXMSGSIZE, self._max_frame)
+        # Senders name their connections (link token + index): one that redials while we still hold its
+        # half-open old pipe must get the identity, not be refused until that pipe dies. Only the holder
+        # of the secret token can take a tokened identity over (libzmq's generated ids are guessable, but
+        # taking one over gains no session: it can only cut off a tokenless, i.e. older, sender).
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._auth = secure_server(self._ctx, self._sock, cfg.keys_dir) if cfg.keys_dir else None
         self._sock.bind(f"tcp://{host}:{port}")
         bound_port = int(self._sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])

@@ -400,6 +400,28 @@ def test_a_same_host_intruder_cannot_feed_a_real_senders_transfer(rx):
     assert rx.call("read", first + rest) == want
 
 
+def test_a_connection_redialled_under_the_same_routing_id_takes_over(rx):
+    """Fixed routing ids (token + index) meet a half-open connection: the sender's side dropped and
+    redialled while the receiver still holds the old pipe. libzmq's default refuses the duplicate
+    identity until the old pipe dies (minutes, with no traffic); ROUTER_HANDOVER gives it the new one."""
+    tid, regions = next(IDS), buffer0([2])
+    rx.call("expect", tid, regions)
+    ident = b"\x07" * 16 + b"\x00"
+    old, new = RawPeer(rx, routing_id=ident), None
+    try:
+        old.open(tid)
+        assert type(old.replies(1)[0]).__name__ == "OpenAck"
+        new = RawPeer(rx, routing_id=ident)  # same identity while `old` is still connected
+        new.chunk(tid, 0, 0, payload(8))
+        new.close_transfer(tid, nchunks=1, total=PAGE)
+        assert [type(m).__name__ for m in new.replies(2, timeout=5)] == ["Ack", "Done"]
+    finally:
+        old.stop()
+        if new is not None:
+            new.stop()
+    assert rx.call("read", regions) == payload(8)
+
+
 # -- M3: completion by coverage -----------------------------------------------------------------------
 def test_overlapping_chunks_with_distinct_seqs_fail_instead_of_done(rx, src):
     """Three 4 KiB chunks for a 12 KiB stream, the second a rewrite of the first: their byte count adds
