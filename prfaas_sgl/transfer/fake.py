@@ -28,6 +28,7 @@ from prfaas_sgl.transfer.states import UNKNOWN_STATUS, TransferState as S, Trans
 class _Entry:
     state: S
     deadline: float
+    timeout_s: float = 0.0  # no-progress timeout behind `deadline`
     reason: str = ""
     nbytes: int = 0
     regions: list[Region] = field(default_factory=list)
@@ -82,8 +83,8 @@ class FakeReceiver(_Side):
     def expect(self, transfer_id: int, regions: Sequence[Region], timeout_s: float | None = None) -> None:
         for r in regions:
             self.layout.check_region(r)
-        deadline = time.monotonic() + (timeout_s or self._timeout)
-        self._entries[transfer_id] = _Entry(S.WAITING, deadline, regions=list(regions))
+        timeout = timeout_s or self._timeout
+        self._entries[transfer_id] = _Entry(S.WAITING, time.monotonic() + timeout, timeout, regions=list(regions))
 
     def entry(self, tid: int) -> _Entry | None:
         return self._entries.get(tid)
@@ -99,10 +100,14 @@ class FakeSender(_Side):
              timeout_s: float | None = None) -> None:
         for r in regions:
             self.layout.check_region(r)
-        e = self._entries.setdefault(
-            transfer_id, _Entry(S.TRANSFERRING, time.monotonic() + (timeout_s or self._timeout)))
+        timeout = timeout_s or self._timeout
+        e = self._entries.setdefault(transfer_id, _Entry(S.TRANSFERRING, 0.0))
         if e.state.terminal:
             return
+        # no-progress deadlines, as on the wire: each piece sent refreshes both ends (the real receiver
+        # sees its chunks arrive as they are sent; here the bytes move only at `last`)
+        e.deadline = time.monotonic() + timeout
+        self.net.progress(transfer_id, peer)
         e.regions.extend(regions)
         if last:
             self.net.deliver(self, transfer_id, peer, e.regions)
@@ -134,6 +139,13 @@ class FakeTransport:
 
     def release_hold(self, tid: int) -> None:
         self._held.discard(tid)
+
+    def progress(self, tid: int, peer: PeerInfo) -> None:
+        """A piece of `tid` was sent: the receiver's no-progress deadline starts again."""
+        rx = self._receivers.get(peer.key())
+        e = rx.entry(tid) if rx is not None else None
+        if e is not None and not e.state.terminal and tid not in self._held:
+            e.deadline = time.monotonic() + e.timeout_s
 
     def deliver(self, tx: FakeSender, tid: int, peer: PeerInfo, regions: list[Region]) -> None:
         if tid in self._held:

@@ -19,6 +19,7 @@ from prfaas_sgl.transfer import faults as F
 from prfaas_sgl.transfer import receiver as R
 from prfaas_sgl.transfer.chunking import Coverage
 from prfaas_sgl.transfer.config import TransferConfig
+from prfaas_sgl.transfer.fake import FakeTransport
 from prfaas_sgl.transfer.layout import item_regions, page_regions
 from prfaas_sgl.transfer.messages import Chunk, Close, Codec, Failed, Open
 from prfaas_sgl.transfer.sender import ZmqSender
@@ -212,6 +213,20 @@ def test_the_receiver_cap_is_the_senders_formula_over_the_expected_bytes(src):
                                "in state transferring: ")
     assert (s.state, s.reason) == (S.FAILED, f"receiver: {r.reason}")
     assert rx_cfg.cap_s(163840) == 1.0 and SLOW.replace(min_rate_bytes_s=None).cap_s(163840) is None
+
+
+def test_the_fake_transport_keeps_the_same_no_progress_deadlines(src):
+    """Higher layers tested on FakeTransport must see the wire's semantics: a transfer sent in pieces over
+    ~1 s with a 0.3 s timeout, polled all along (as the scheduler does), completes on both ends."""
+    net = FakeTransport(timeout_s=0.3)
+    rx = net.receiver(LAYOUT, [np.zeros(b.nbytes, np.uint8) for b in LAYOUT.buffers])
+    tx = net.sender(LAYOUT, src)
+    rx.expect(1, TEN)
+    for p in range(10):
+        assert not rx.poll(1).state.terminal and not tx.poll(1).state.terminal, rx.poll(1).reason
+        tx.send(1, rx.address, page_regions(LAYOUT, [p]), last=p == 9)
+        time.sleep(0.1)
+    assert (rx.poll(1).state, tx.poll(1).state) == (S.DONE, S.DONE)
 
 
 # -- M3: oversized frames ---------------------------------------------------------------------------------
