@@ -41,12 +41,12 @@ def run_campaign(cfg: CampaignConfig, log_dir: Path) -> dict:
     keys = str(log_dir / "keys") if cfg.curve else None
     if keys:
         generate_keys(keys)
-    clock = {"start": time.monotonic()}
+    clock, commit = {"start": time.monotonic()}, _commit()  # the code the servers start with
     with emulated_link(cfg.link_rate, tag=f"c{os.getpid() % 100000}") as link:
         fleet = Fleet.start(server_specs(cfg, link, model, log_dir, keys))
         try:
             plan, refs = _prepare(cfg, fleet, clock)
-            return asyncio.run(_serve(cfg, fleet, link, plan, refs, model, log_dir, clock))
+            return {"commit": commit, **asyncio.run(_serve(cfg, fleet, link, plan, refs, model, log_dir, clock))}
         finally:
             fleet.stop_all()
 
@@ -88,7 +88,7 @@ def report(cfg, run, rec, schedule, faults, refs, clock, log_dir) -> dict:
     counts, recovery = count(run.sent, run.results), count(rec.sent, rec.results)
     t = {k: round(v - clock["start"], 1) for k, v in clock.items()}
     return {
-        "commit": _commit(), "config": dataclasses.asdict(cfg), "bound_s": cfg.bound_s,
+        "config": dataclasses.asdict(cfg), "bound_s": cfg.bound_s,
         "client_timeout_s": cfg.client_timeout_s, "counts": counts.to_json(), "recovery": recovery.to_json(),
         "clean": counts.clean and recovery.clean and recovery.by_outcome["ok"] == len(rec.sent),
         "schedule": [e.to_json() for e in schedule], "faults": faults, "timeline_s": t,

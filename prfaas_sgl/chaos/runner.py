@@ -95,11 +95,13 @@ PREFILLS = ("remote_prefill", "local_prefill")
 
 def _wait_for(ev: FaultEvent, starting: dict[str, asyncio.Task]) -> list[str]:
     """Servers whose restart must finish before `ev`: the target itself (never kill a server that is still
-    starting) and, for a prefill, the other prefill. One prefill always serves, so faults interleave with
-    requests that must come back correct instead of turning into a burst of 503s."""
+    starting) and, for a prefill, the other prefill: one prefill always serves, so faults interleave with
+    requests that must come back correct instead of turning into a burst of 503s. A link drop waits for
+    the remote prefill: with nothing behind the link, dropping it tests nothing."""
     if ev.kind != "kill":
-        return []
-    names = PREFILLS if ev.target in PREFILLS else (ev.target,)
+        names: tuple[str, ...] = ("remote_prefill",)
+    else:
+        names = PREFILLS if ev.target in PREFILLS else (ev.target,)
     return [n for n in names if n in starting]
 
 

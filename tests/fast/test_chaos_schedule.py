@@ -171,7 +171,7 @@ def test_config_refuses_a_transport_timeout_beyond_the_router_timeout():
         CampaignConfig(zmq_timeout_s=90.0, request_timeout_s=60.0)
 
 
-def test_a_prefill_kill_waits_for_the_other_prefill_to_be_back():
+def test_a_prefill_kill_waits_for_the_other_prefill_and_a_link_drop_for_the_remote_one():
     from prfaas_sgl.chaos.runner import _wait_for
     from prfaas_sgl.chaos.schedule import FaultEvent
 
@@ -180,3 +180,4 @@ def test_a_prefill_kill_waits_for_the_other_prefill_to_be_back():
     assert _wait_for(FaultEvent(1.0, "kill", "local_prefill"), starting) == ["local_prefill"]
     assert _wait_for(FaultEvent(1.0, "kill", "decode_b"), starting) == ["decode_b"]
     assert _wait_for(FaultEvent(1.0, "link_down", LINK, duration_s=3.0), starting) == []
+    assert _wait_for(FaultEvent(1.0, "link_down", LINK, duration_s=3.0), {"remote_prefill": 1}) == ["remote_prefill"]
