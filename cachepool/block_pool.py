@@ -100,26 +100,41 @@ class BlockPool:
     def incref(self, blocks: list[int]) -> None:
         """Take a reference on each block (a cache hit); cached idle blocks leave the LRU."""
         ref, lru, owner, idle = self.ref, self._lru, self.owner, self._idle
+        run_owner, run = None, 0  # a call's cached blocks share one owner: one counter update per run
         for b in blocks:
             if ref[b] == 0:
                 del lru[b]
-                idle[owner[b]] -= 1  # type: ignore[index]
+                o = owner[b]
+                if o is not run_owner:
+                    if run:
+                        idle[run_owner] -= run  # type: ignore[index]
+                    run_owner, run = o, 0
+                run += 1
             ref[b] += 1
+        if run:
+            idle[run_owner] -= run  # type: ignore[index]
 
     def decref(self, blocks: list[int]) -> None:
         """Drop a reference on each block, in the order given: the first to reach 0 is evicted
         first, so callers pass tails before prefixes."""
-        ref, owner, idle = self.ref, self.owner, self._idle
+        ref, lru, owner, idle, free = self.ref, self._lru, self.owner, self._idle, self._free
+        run_owner, run = None, 0  # as in incref
         for b in blocks:
             r = ref[b] - 1
             ref[b] = r
             if r == 0:
                 o = owner[b]
                 if o is None:
-                    self._free.append(b)
-                else:
-                    self._lru[b] = None
-                    idle[o] = idle.get(o, 0) + 1
+                    free.append(b)
+                    continue
+                lru[b] = None
+                if o is not run_owner:
+                    if run:
+                        idle[run_owner] = idle.get(run_owner, 0) + run  # type: ignore[index]
+                    run_owner, run = o, 0
+                run += 1
+        if run:
+            idle[run_owner] = idle.get(run_owner, 0) + run  # type: ignore[index]
 
     def set_owner(self, block: int, manager: EntryOwner, block_hash: int) -> None:
         """Mark an in-use block as cached under (manager, hash)."""
