@@ -73,7 +73,7 @@ async def _serve(cfg, fleet, link, plan, refs, model, log_dir, clock) -> dict:
         t0 = clock["t0"] = time.monotonic()
         run = LoadRun()
         _, faults = await asyncio.gather(run_load(router.url, load, refs, cfg, t0, run),
-                                         run_faults(fleet, link, schedule, t0, cfg.link_rate))
+                                         run_faults(fleet, link, schedule, t0, cfg.link_rate, run))
         clock["load_done"] = time.monotonic()
         await asyncio.sleep(2 * cfg.health_interval_s + 1)  # the router's probes see restarted servers again
         rec = LoadRun()

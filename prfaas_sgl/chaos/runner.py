@@ -46,6 +46,7 @@ async def post(session: aiohttp.ClientSession, url: str, body: dict, timeout_s: 
 class LoadRun:
     sent: list[int] = field(default_factory=list)
     results: list[RequestResult] = field(default_factory=list)
+    inflight: int = 0  # requests open right now: a fault that meets none tested only recovery
 
 
 async def run_load(router_url: str, plan: tuple[PlannedRequest, ...], refs: dict[int, Reference],
@@ -59,8 +60,12 @@ async def run_load(router_url: str, plan: tuple[PlannedRequest, ...], refs: dict
         async with gate:
             send_s = time.monotonic() - t0
             run.sent.append(req.index)
-            ans, route = await post(session, router_url, generate_body(req.input_ids(), cfg.max_new_tokens),
-                                    cfg.client_timeout_s)
+            run.inflight += 1
+            try:
+                ans, route = await post(session, router_url, generate_body(req.input_ids(), cfg.max_new_tokens),
+                                        cfg.client_timeout_s)
+            finally:
+                run.inflight -= 1
         outcome, detail = classify(ans, refs[req.index].output_ids, cfg.bound_s)
         run.results.append(RequestResult(req.index, req.kind, req.n_tokens, round(send_s, 3), round(ans.elapsed_s, 3),
                                          outcome, ans.status, route, detail[:500]))
@@ -70,7 +75,7 @@ async def run_load(router_url: str, plan: tuple[PlannedRequest, ...], refs: dict
 
 
 async def run_faults(fleet: Fleet, link: Link, schedule: tuple[FaultEvent, ...], t0: float,
-                     link_rate: str) -> list[dict]:
+                     link_rate: str, load: LoadRun) -> list[dict]:
     """Execute the schedule; returns one record per event (when it ran, when the server was back)."""
     starting: dict[str, asyncio.Task] = {}
     records: list[dict] = []
@@ -78,7 +83,7 @@ async def run_faults(fleet: Fleet, link: Link, schedule: tuple[FaultEvent, ...],
         await asyncio.sleep(max(0.0, t0 + ev.at_s - time.monotonic()))
         for name in _wait_for(ev, starting):
             await starting.pop(name)
-        rec = {**ev.to_json(), "ran_at_s": round(time.monotonic() - t0, 2)}
+        rec = {**ev.to_json(), "ran_at_s": round(time.monotonic() - t0, 2), "inflight": load.inflight}
         records.append(rec)
         if ev.kind == "kill":
             await asyncio.to_thread(fleet.servers[ev.target].kill)
