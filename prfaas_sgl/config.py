@@ -49,6 +49,11 @@ class PrfaasConfig:
         "First TCP port of the decode-side data-plane listener (0 = pick free ports).", default=0
     )
     zmq_stats_port: int = _opt("Port of the transport's JSON stats endpoint (0 = off).", default=0)
+    zmq_stats_host: str = _opt(
+        "Address the stats endpoint binds. The router in the other datacenter reads link goodput from it, so a "
+        "remote prefill sets its routable address; the endpoint is read-only telemetry (GET /stats, /metrics).",
+        default="127.0.0.1",
+    )
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -67,6 +72,10 @@ class PrfaasConfig:
         if self.zmq_timeout_s <= 0:
             raise ValueError(f"--prfaas-zmq-timeout-s must be > 0, got {self.zmq_timeout_s}")
         self._check_keys()
+        try:
+            ipaddress.ip_address(self.zmq_stats_host)
+        except ValueError:
+            raise ValueError(f"--prfaas-zmq-stats-host must be an IP address, got {self.zmq_stats_host!r}") from None
         for name in ("zmq_data_port", "zmq_stats_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:

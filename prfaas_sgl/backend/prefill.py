@@ -40,7 +40,8 @@ class PrefillManager(PrfaasKVManager):
         super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
         stats = offset_port(self.prfaas_config.zmq_stats_port, args.engine_rank) or None
         self.sender = ZmqSender(self.memory.layout, self.memory.buffers, self.transfer_config,
-                                faults=faults_from_env(), stats_port=stats)
+                                faults=faults_from_env(), stats_port=stats,
+                                stats_host=self.prfaas_config.zmq_stats_host)
         self.data_plane = self.sender
         self.peers = PeerBook(Admission(self.register_secret, self.transfer_config.keys_dir))
         self.rejections: dict[str, str] = {}  # decode session → why we cannot send to it

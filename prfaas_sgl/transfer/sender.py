@@ -40,7 +40,8 @@ class ZmqSender(SocketLoop):
     """Sends from `buffers` (one per `layout` entry) to any number of `ZmqReceiver` peers."""
 
     def __init__(self, layout: MemoryLayout, buffers: Sequence[Any], cfg: TransferConfig,
-                 faults: tuple[F.Fault, ...] = (), stats_port: int | None = None) -> None:
+                 faults: tuple[F.Fault, ...] = (), stats_port: int | None = None,
+                 stats_host: str = "127.0.0.1") -> None:
         super().__init__("transfer-send")
         self.layout, self.cfg = layout, cfg
         self._frames = FrameMaker(register(layout, buffers, writable=False), faults)
@@ -49,7 +50,7 @@ class ZmqSender(SocketLoop):
         self._links = LinkTable(self._new_link, cfg.max_links, cfg.link_idle_s)
         self._book = SendBook(cfg)
         self.stats = StatsBook()
-        self.stats_server = StatsServer(self.stats, port=stats_port) if stats_port is not None else None
+        self.stats_server = StatsServer(self.stats, host=stats_host, port=stats_port) if stats_port is not None else None
         self.start()
 
     # -- public API (any thread; never blocks on the network) --------------------------------------

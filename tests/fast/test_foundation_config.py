@@ -35,6 +35,7 @@ def test_frozen():
     (["--prfaas-zmq-timeout-s", "-1"], "--prfaas-zmq-timeout-s"),
     (["--prfaas-zmq-curve-keys", "/nonexistent/dir"], "--prfaas-zmq-curve-keys"),
     (["--prfaas-zmq-stats-port", "70000"], "--prfaas-zmq-stats-port"),
+    (["--prfaas-zmq-stats-host", "prefill.example"], "--prfaas-zmq-stats-host"),
     (["--prfaas-zmq-curve-keys", "KEYS", "--prfaas-zmq-insecure"], "--prfaas-zmq-insecure"),
     (["--prfaas-zmq-curve-keys", "NO_SECRET"], "register.secret"),
 ])
@@ -46,6 +47,22 @@ def test_invalid_values_name_the_flag(argv, flag, tmp_path):
     argv = [{"KEYS": str(tmp_path / "keys"), "NO_SECRET": str(tmp_path / "no-secret")}.get(a, a) for a in argv]
     with pytest.raises(ValueError, match=flag):
         parse(argv)
+
+
+def test_sender_stats_endpoint_binds_the_configured_host():
+    """M8 (issue 12): the stats endpoint was loopback-only, out of reach of a router in the other datacenter."""
+    from prfaas_sgl.transfer.config import TransferConfig
+    from prfaas_sgl.transfer.layout import BufferSpec, MemoryLayout
+    from prfaas_sgl.transfer.sender import ZmqSender
+
+    assert parse([]).zmq_stats_host == "127.0.0.1"
+    host = parse(["--prfaas-zmq-stats-host", "0.0.0.0"]).zmq_stats_host
+    layout = MemoryLayout((BufferSpec("kv", 4096, 16),))
+    tx = ZmqSender(layout, [bytearray(4096 * 16)], TransferConfig(), stats_port=0, stats_host=host)
+    try:
+        assert tx.stats_server.url.startswith("http://0.0.0.0:")
+    finally:
+        tx.close()
 
 
 def test_insecure_is_a_switch(tmp_path):
