@@ -129,10 +129,3 @@ def count(sent_indices: list[int], results: list[RequestResult]) -> Counts:
         duplicates=sum(n - 1 for n in seen.values() if n > 1),
         max_elapsed_s=max((r.elapsed_s for r in results), default=0.0), by_route=dict(routes))
 
-
-def summary_line(c: Counts) -> str:
-    j = c.to_json()
-    return (f"sent {j['sent']} = completed {j['completed']} + errored {j['errored']} | wrong {j['wrong']} "
-            f"hang {j['hang']} late {j['late']} dropped {j['dropped']} unclear {j['unclear']} lost {j['lost']} "
-            f"| errors {j['errors_by_status']} | ok by route {j['ok_by_route']} | max {j['max_elapsed_s']}s "
-            f"| {'CLEAN' if c.clean else 'VIOLATIONS'}")
