@@ -18,7 +18,7 @@ from prfaas_sgl.chaos.config import CI
 from prfaas_sgl.chaos.outcome import VIOLATIONS
 from prfaas_sgl.netns import root_problem
 
-pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1500)]  # 9 min quiet; a loaded 2-core machine took 26
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1500)]  # ~9 min quiet; 26 min when loaded
 
 
 @pytest.fixture(scope="module")
