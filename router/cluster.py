@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 from urllib.parse import urlparse
@@ -66,6 +67,8 @@ class LinkState:
     goodput_bps: float = 0.0  # from the transport stats URL, 0 if unknown
     queue_delay_s: float = 0.0
     stats_ok: bool = False
+    stale_after_s: float = 1.0  # how long a reading outlives polls that got no answer (see ``missed``)
+    good_at: float = float("-inf")  # monotonic time of the last usable reading
     transfers: dict[int, tuple[float, float]] = field(default_factory=dict)  # id -> (start s, KV bytes)
     next_id: int = 0
 
@@ -78,10 +81,19 @@ class LinkState:
     def done(self, tid: int) -> None:
         self.transfers.pop(tid, None)
 
-    def measured(self, sample: Sample | None) -> None:
+    def measured(self, sample: Sample | None, now: float | None = None) -> None:
         """A transport stats sample (see ``link_sample``), or None: no usable stats, goodput unknown (0)."""
         self.goodput_bps, self.queue_delay_s = (sample[0], sample[1]) if sample else (0.0, 0.0)
         self.stats_ok = sample is not None
+        if sample is not None:
+            self.good_at = time.monotonic() if now is None else now
+
+    def missed(self, now: float) -> None:
+        """A poll that got no answer (timeout, refused). The poll crosses the link it measures, so a busy link
+        delays it exactly when its numbers matter: the last reading stays trusted for ``stale_after_s``.
+        A malformed answer is different: ``measured(None)`` at once."""
+        if now - self.good_at > self.stale_after_s:
+            self.measured(None)
 
     def split(self, now: float) -> tuple[float, float]:
         """(bytes in flight, bytes queued) at monotonic time ``now``."""
@@ -107,7 +119,7 @@ class Cluster:
     poll_failing: dict[str, str] = field(default_factory=dict)  # "kind who" -> why its last poll failed
 
     def __post_init__(self) -> None:
-        self.link = LinkState(self.cfg.link_gbps * 1e9)
+        self.link = LinkState(self.cfg.link_gbps * 1e9, stale_after_s=max(1.0, 3 * self.cfg.loads_interval_s))
         cap_blocks = max(1, self.cfg.prefix_capacity_tokens // self.cfg.block_size)
         for pool in ("prfaas", "local_prefill", "decode"):
             for spec in getattr(self.cfg, pool):
@@ -130,6 +142,14 @@ class PollError(Exception):
     """A poll got no usable answer (connection, status, body); the poller counts it and goes on."""
 
 
+class NoAnswer(ValueError):
+    """A stats poll that timed out or could not connect (as opposed to a malformed answer)."""
+
+
+class Unreachable(PollError):
+    """No answer at all: timeout or connection error (a congested or down link), not a bad answer."""
+
+
 async def _get_json(session: aiohttp.ClientSession, url: str, timeout_s: float) -> Any:
     """Parsed JSON body of ``GET url``; raises PollError. A JSON ``null`` is returned as None, not an error."""
     try:
@@ -138,7 +158,7 @@ async def _get_json(session: aiohttp.ClientSession, url: str, timeout_s: float) 
                 raise PollError(f"HTTP {r.status}")
             return await r.json(content_type=None)
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-        raise PollError(f"{type(e).__name__}: {e}") from e
+        raise Unreachable(f"{type(e).__name__}: {e}") from e
     except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
         raise PollError(f"not JSON: {e}") from e
 
@@ -175,10 +195,12 @@ def apply_link_stats(link: LinkState, payload: Any) -> None:
 # ---------------------------------------------------------------- polling rounds
 
 
-async def _answer(session: aiohttp.ClientSession, url: str, timeout_s: float) -> tuple[Any, str]:
-    """(body, "") or (None, why it failed)."""
+async def _answer(session: aiohttp.ClientSession, url: str, timeout_s: float) -> tuple[Any, str | NoAnswer]:
+    """(body, "") or (None, why it failed: a NoAnswer when nothing answered)."""
     try:
         return await _get_json(session, url, timeout_s), ""
+    except Unreachable as e:
+        return None, NoAnswer(f"{url}: {e}")
     except PollError as e:
         return None, f"{url}: {e}"
 
@@ -197,7 +219,10 @@ async def poll_link(cluster: Cluster, session: aiohttp.ClientSession, timeout_s:
     try:
         sample = combine_samples([_sample_of(url, body, why) for url, (body, why) in zip(urls, answers)])
     except ValueError as e:
-        cluster.link.measured(None)
+        if isinstance(e, NoAnswer):
+            cluster.link.missed(time.monotonic())
+        else:
+            cluster.link.measured(None)
         report_poll_error(cluster, "link_stats", "transport", str(e))
         return
     cluster.link.measured(sample)
@@ -205,6 +230,8 @@ async def poll_link(cluster: Cluster, session: aiohttp.ClientSession, timeout_s:
 
 
 def _sample_of(url: str, body: Any, why: str) -> Sample:
+    if isinstance(why, NoAnswer):
+        raise why
     if why:
         raise ValueError(why)
     try:

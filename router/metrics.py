@@ -32,6 +32,10 @@ class RouterMetrics:
                                registry=r)
         self.link_goodput = Gauge(P + "link_goodput_bps", "measured transport goodput (bits/s)", registry=r)
         self.link_delay = Gauge(P + "link_queue_delay_seconds", "measured transport queue delay", registry=r)
+        self.link_stats_ok = Gauge(P + "link_stats_ok", "1 if the last transport stats poll gave usable numbers",
+                                   registry=r)
+        self.poll_errors = Gauge(P + "poll_errors", "failed load / link-stats polls since start", ["kind"],
+                                 registry=r)
         self.threshold = Gauge(P + "threshold_tokens", "current incremental-length threshold t", registry=r)
         self.split = Gauge(P + "recommended_instances", "controller's recommended instance split", ["role"],
                            registry=r)
@@ -63,5 +67,8 @@ class RouterMetrics:
         self.link_util.set(max(view.transfer_s(view.bytes_in_flight), view.queue_delay_s) / budget_s)
         self.link_goodput.set(link.goodput_bps)
         self.link_delay.set(link.queue_delay_s)
+        self.link_stats_ok.set(link.stats_ok)
+        for kind, n in cluster.poll_errors.items():  # a counter kept by the poller; exported as its current value
+            self.poll_errors.labels(kind).set(n)
         self.threshold.set(threshold)
         return generate_latest(self.registry)

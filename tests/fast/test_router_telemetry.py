@@ -21,6 +21,7 @@ from prfaas_sgl.router.app import start_router
 from prfaas_sgl.router.cluster import Cluster, LinkState, apply_link_stats, poll_loads, poll_loads_once
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
 from prfaas_sgl.router.kv_events import BlockStored, KVEventBatch, KVEventSubscriber
+from prfaas_sgl.router.metrics import RouterMetrics
 from prfaas_sgl.router.prefix_index import ExactIndex
 from prfaas_sgl.router.standin import RoomBoard, Standin, build_tiny_tokenizer
 from prfaas_sgl.transfer.config import TransferConfig
@@ -79,6 +80,21 @@ def test_missing_or_malformed_stats_are_not_trusted(payload):
     assert not link.stats_ok
 
 
+def test_an_unanswered_poll_keeps_the_last_reading_briefly_a_malformed_one_does_not():
+    """The stats poll crosses the link it measures: on a congested link one poll timing out dropped the
+    router's trust in the link exactly while it was busy (seen over the tbf link below)."""
+    link = LinkState(1e9, stale_after_s=1.0)
+    link.measured((7e8, 0.01), now=100.0)
+    link.missed(100.9)
+    assert link.stats_ok and link.goodput_bps == 7e8
+    link.missed(101.1)
+    assert not link.stats_ok and link.goodput_bps == 0.0
+    link.measured((7e8, 0.01), now=102.0)
+    with pytest.raises(ValueError):
+        apply_link_stats(link, {"goodput_bps": None})
+    assert not link.stats_ok
+
+
 # ---------------------------------------------------------------- the poller survives bad answers
 
 
@@ -111,6 +127,13 @@ BAD = [b"[]", b"null", b"not json", b'{"loads": 5}', b'{"loads": [null]}', b'{"l
        b'{"links": {"p": {"goodput_bps": {"abc": 1}}}}', b'{"goodput_bps": null}', b'"x"']
 
 
+async def _until(cond, timeout_s: float = 10.0) -> None:
+    """Waits for the poller's next good round; a fixed sleep flaked on a loaded 2-core machine."""
+    deadline = time.monotonic() + timeout_s
+    while not cond() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
 async def _poller_scenario(tmp_path) -> None:
     srv = Answers()
     url = await srv.start()
@@ -128,10 +151,14 @@ async def _poller_scenario(tmp_path) -> None:
                 assert not cluster.link.stats_ok
             errors = dict(cluster.poll_errors)
             assert errors["loads"] >= len(BAD) and errors["link_stats"] >= len(BAD)
+            text = RouterMetrics().render(cluster, threshold=0, budget_s=1.0).decode()
+            assert f'prfaas_router_poll_errors{{kind="link_stats"}} {float(errors["link_stats"])}' in text
+            assert "prfaas_router_link_stats_ok 0.0" in text
             srv.loads = json.dumps(GOOD_LOADS).encode()
             srv.stats = json.dumps(_book_with_traffic({"10.0.0.2:7000": MB}).snapshot()).encode()
-            await asyncio.sleep(0.1)
+            await _until(lambda: cluster.link.stats_ok and cluster.instances["decode0"].server_reqs == 3)
             assert cluster.link.stats_ok and cluster.link.goodput_bps > 0
+            assert "prfaas_router_link_stats_ok 1.0" in RouterMetrics().render(cluster, 0, 1.0).decode()
             assert cluster.instances["prfaas0"].server_queued_tokens == 300
             assert cluster.instances["decode0"].server_queued_tokens == 50
             assert cluster.instances["decode0"].server_reqs == 3
