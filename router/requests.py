@@ -81,11 +81,27 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 def decode_json(raw: bytes) -> Any:
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ApiError(400, f"malformed JSON body: {e}", code="invalid_json") from e
     except RecursionError as e:  # deeply nested arrays
         raise ApiError(400, "malformed JSON body: nested too deeply", code="invalid_json") from e
+    if b"\\u" in raw:
+        _check_unicode(body)
+    return body
+
+
+def _check_unicode(body: Any) -> None:
+    """JSON may escape an unpaired UTF-16 surrogate (\\ud800) that no tokenizer can take (tokenizers raises
+    TypeError: a 500 here, and a server error that would take the instance out of rotation); only an escape
+    can produce one, so bodies without ``\\u`` skip this walk."""
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(400, f"malformed JSON body: a string is not valid Unicode ({e.reason})",
+                       code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "malformed JSON body: nested too deeply", code="invalid_json") from None
 
 
 def _max_tokens(value: Any, name: str, default: int) -> int:

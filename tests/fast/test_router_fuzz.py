@@ -11,7 +11,6 @@ scripts/fuzz_router.py runs the same cases for longer and prints counts.
 from __future__ import annotations
 
 import asyncio
-import collections
 import gc
 import http.client
 import json
@@ -287,48 +286,6 @@ def check_answer(case: Case, status: int, body: bytes) -> None:
         assert isinstance(err["message"], str) and isinstance(err["code"], str), body
 
 
-def _has_lone_surrogate(raw: bytes | None) -> bool:
-    """Does the JSON document hold a string that is not valid Unicode (an unpaired UTF-16 surrogate)?"""
-    def bad(x: Any) -> bool:
-        if isinstance(x, str):
-            try:
-                x.encode()
-            except UnicodeEncodeError:
-                return True
-            return False
-        if isinstance(x, dict):
-            return any(bad(k) or bad(v) for k, v in x.items())
-        return isinstance(x, list) and any(bad(v) for v in x)
-    try:
-        return bad(json.loads(raw or b""))
-    except (ValueError, RecursionError):
-        return False
-
-
-# Input-caused 5xx this fuzzing found whose fix is in flight elsewhere (issue 12, router request path).
-# Each is pinned by a strict xfail in test_known_input_caused_5xx: once fixed, that test XPASSes and fails,
-# and the entry goes. Until then the fuzz run counts such answers instead of failing on them.
-KNOWN_5XX: dict[str, Callable[[Case], bool]] = {
-    "an unpaired UTF-16 surrogate (JSON \\ud800) in a prompt or message: tokenizers' encode_batch raises "
-    "TypeError in router/tokenize.py:61 -> HTTP 500 instead of 400": lambda c: _has_lone_surrogate(c.body),
-}
-
-
-class Checker:
-    """``check_answer`` that tallies the KNOWN_5XX classes instead of failing on them."""
-
-    def __init__(self) -> None:
-        self.known: collections.Counter[str] = collections.Counter()
-
-    def __call__(self, case: Case, status: int, body: bytes) -> None:
-        if status >= 500:
-            why = next((w for w, match in KNOWN_5XX.items() if match(case)), None)
-            if why is not None:
-                self.known[why] += 1
-                return
-        check_answer(case, status, body)
-
-
 # ---------------------------------------------------------------- tests
 
 
@@ -353,11 +310,11 @@ def test_the_spec_lists_exactly_the_routers_endpoints(rig):
 def test_fuzzed_requests_never_cause_a_5xx_and_the_router_keeps_serving(rig):
     for _ in range(20):  # warm up: connections, tokenizer caches, allocator pools
         assert rig.send(VALID_CHAT)[0] == 200
-    state0, checker, sent = rig.state(), Checker(), []
+    state0, sent = rig.state(), []
 
     def answer(case: Case, status: int, body: bytes) -> None:
         sent.append(case)
-        checker(case, status, body)
+        check_answer(case, status, body)
 
     run_fuzz(rig, load_spec(), EXAMPLES, SEED, answer)
     assert rig.send(Case("GET", "/health", None, "get"))[0] == 200
@@ -365,9 +322,7 @@ def test_fuzzed_requests_never_cause_a_5xx_and_the_router_keeps_serving(rig):
     state = rig.state()
     assert state["connections"] <= 16, state  # pooled, not one per request
     assert {**state, "connections": 0} == {**state0, "connections": 0}  # nothing in flight, no room, no task
-    assert replay_growth(rig, sent, checker) < 8 << 20, "the router keeps memory per request"
-    if checker.known:
-        pytest.xfail(f"only known input-caused 5xx left (fix in flight): {dict(checker.known)}")
+    assert replay_growth(rig, sent, check_answer) < 8 << 20, "the router keeps memory per request"
 
 
 def replay_growth(rig: FuzzRig, sent: list[Case], check: Callable[[Case, int, bytes], None]) -> int:
@@ -381,12 +336,13 @@ def replay_growth(rig: FuzzRig, sent: list[Case], check: Callable[[Case, int, by
     return rss_bytes() - before
 
 
-@pytest.mark.xfail(strict=True, reason=next(iter(KNOWN_5XX)))
 @pytest.mark.parametrize("path, body", [
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "\ud800"}]}),
     ("/v1/completions", {"model": MODEL, "prompt": "ok\udfffok"}),
     ("/generate", {"text": "\udc00"}),
 ])
-def test_known_input_caused_5xx(rig, path, body):
-    status, answer = rig.send(Case("POST", path, _dumps(body), "known"))
-    assert status == 400, answer
+def test_unpaired_surrogates_are_a_400(rig, path, body):
+    """Found by this fuzzing: JSON's \\ud800 decodes to a str no tokenizer takes (tokenizers raised TypeError
+    -> HTTP 500); the router now refuses it while decoding the body."""
+    status, answer = rig.send(Case("POST", path, _dumps(body), "surrogate"))
+    assert status == 400 and json.loads(answer)["error"]["code"] == "invalid_json", answer
