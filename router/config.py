@@ -87,7 +87,8 @@ class RouterConfig:
     local_prefill_coef: tuple[float, ...] = _f((0.468, 1.3e-4, 2.98e-10), "local prefill s = a + b*l + c*l^2")
     remote_prefill_coef: tuple[float, ...] = _f((0.35, 5.4e-5, 1.5e-10), "remote prefill s = a + b*l + c*l^2")
     link_gbps: float = _f(100.0, "inter-datacenter link capacity PrfaaS -> decode (Gbit/s)")
-    transport_stats_url: str = _f("", "optional JSON GET endpoint with goodput_bps / queue_delay_s")
+    transport_stats_url: str = _f(
+        "", "remote prefills' prfaas_zmq stats endpoints (http://HOST:PORT/stats), comma-separated; summed as the link")
     high_watermark: float = _f(0.9, "link pressure (backlog or queue delay / budget) marking the link congested")
     low_watermark: float = _f(0.6, "link pressure below which it is not congested again")
     link_budget_s: float = _f(1.0, "link pressure 1.0 = this many seconds of transfer backlog or queue delay")
