@@ -19,9 +19,11 @@ register.secret everywhere.
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 import shutil
@@ -33,6 +35,7 @@ from zmq.auth.thread import ThreadAuthenticator
 AUTHORIZED = "authorized_clients"
 AUTHORIZED_SERVERS = "authorized_servers"
 SECRET = "register.secret"
+log = logging.getLogger(__name__)
 
 
 def generate_keys(keys_dir: str, client_name: str = "client") -> None:
@@ -56,9 +59,29 @@ def server_public_key(keys_dir: str) -> str:
 
 
 def trusted_server_keys(keys_dir: str) -> frozenset[str]:
-    """z85 public keys a sender may connect to: server.key and authorized_servers/*.key."""
+    """z85 public keys a sender may connect to: server.key and authorized_servers/*.key. Called on every
+    Register and new link: a file is parsed once per modification time, and a bad one is skipped."""
     paths = [os.path.join(keys_dir, "server.key")] + glob.glob(os.path.join(keys_dir, AUTHORIZED_SERVERS, "*.key"))
-    return frozenset(zmq.auth.load_certificate(p)[0].decode() for p in paths if os.path.isfile(p))
+    keys = set()
+    for path in paths:
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            continue
+        key = _public_key(path, mtime)
+        if key is not None:
+            keys.add(key)
+    return frozenset(keys)
+
+
+@functools.lru_cache(maxsize=1024)
+def _public_key(path: str, mtime_ns: int) -> str | None:
+    """The z85 public key in `path` as of `mtime_ns`, None (logged once) when it does not parse."""
+    try:
+        return zmq.auth.load_certificate(path)[0].decode()
+    except Exception as e:  # one bad file must not refuse every peer
+        log.error("prfaas_zmq: ignoring trusted key file %s: %s", path, e)
+        return None
 
 
 def server_key_problem(keys_dir: str, server_key: str | None) -> str | None:
