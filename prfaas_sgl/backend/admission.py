@@ -7,6 +7,10 @@ reaches the prefill can write to. So a Register is admitted only when:
   process may also write over loopback),
 - its data address is well formed, and with CURVE on its server key is one this prefill trusts.
 
+A `Metadata` creates room state for the waiting timeout, so it passes the same MAC and TCP-peer checks
+and must name an admitted session (or a refused one, so that the decode learns why its rooms fail),
+with a sane page count and state index list.
+
 Refusals are counted per reason and logged at powers of two (a sweep of 16k forged Registers must not
 flood the log). The book keeps at most `cap` sessions, least recently used first out: a decode restart
 brings a new session (a new control port), and the old one is never announced gone.
@@ -25,6 +29,8 @@ from prfaas_sgl.transfer.security import server_key_problem
 log = logging.getLogger(__name__)
 MAX_PEERS = 4096  # decode sessions remembered (a few KB each: the layout)
 MAX_REFUSALS = 256  # sessions whose last refusal is kept to explain a later Metadata failure
+MAX_PAGES = 1 << 24  # pages one Metadata may announce (16M tokens at page size 1)
+MAX_STATE_ITEMS = 1 << 16  # state indices one Metadata may carry, all components together
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +41,10 @@ class Admission:
     def refusal(self, frames: list[bytes], msg: control.Register, peer_ip: str | None) -> tuple[str, str] | None:
         """(counter name, reason) when `msg` must not be used, else None. `peer_ip`: the TCP peer the
         frames came from, None when unknown."""
-        if self.secret is not None and not control.authentic(frames, self.secret):
-            name = "unsigned" if len(frames) < 3 else "bad_mac"
-            return name, "no valid MAC (a decode without this prefill's register.secret, or a forgery)"
-        if msg.data_host != msg.endpoint or not _same_host(peer_ip, msg.endpoint):
+        problem = self._signer_problem(frames, msg.endpoint, peer_ip)
+        if problem:
+            return problem
+        if msg.data_host != msg.endpoint:
             return "host_mismatch", (f"data host {msg.data_host} and control endpoint {msg.endpoint} must be the "
                                      f"address the Register came from ({peer_ip}); set SGLANG_HOST_IP on the decode "
                                      "to the address that routes to this prefill")
@@ -51,10 +57,33 @@ class Admission:
                 return "untrusted_key", problem
         return None
 
+    def metadata_refusal(self, frames: list[bytes], msg: control.Metadata,
+                         peer_ip: str | None) -> tuple[str, str] | None:
+        """(counter name, reason) when `msg` must not create room state (session aside), else None."""
+        problem = self._signer_problem(frames, msg.endpoint, peer_ip)
+        if problem:
+            return problem
+        items = sum(len(s) for s in msg.state_indices if s)
+        if not 0 <= msg.npages <= MAX_PAGES or len(msg.state_indices) > 64 or items > MAX_STATE_ITEMS:
+            return "bad_metadata", (f"{msg.npages} pages, {len(msg.state_indices)} state components, "
+                                    f"{items} state indices")
+        return None
 
-def _same_host(peer_ip: str | None, endpoint: str) -> bool:
+    def _signer_problem(self, frames: list[bytes], endpoint: str, peer_ip: str | None) -> tuple[str, str] | None:
+        if self.secret is not None and not control.authentic(frames, self.secret):
+            name = "unsigned" if len(frames) < 3 else "bad_mac"
+            return name, "no valid MAC (a decode without this prefill's register.secret, or a forgery)"
+        if not _same_host(peer_ip, endpoint, strict=self.secret is not None):
+            return "host_mismatch", (f"control endpoint {endpoint} must be the address the message came from "
+                                     f"({peer_ip}); set SGLANG_HOST_IP on the decode to the address that routes "
+                                     "to this prefill")
+        return None
+
+
+def _same_host(peer_ip: str | None, endpoint: str, strict: bool) -> bool:
+    """`strict` (keys configured): an unknown TCP peer is a mismatch, not a pass."""
     if peer_ip is None:
-        return True
+        return not strict
     try:
         peer, claimed = ipaddress.ip_address(peer_ip), ipaddress.ip_address(endpoint)
     except ValueError:
@@ -86,6 +115,18 @@ class PeerBook:
             log.warning("prfaas_zmq: forgetting decode %s (%d sessions registered since it was used)", old, self.cap)
         return True
 
+    def admit_metadata(self, frames: list[bytes], msg: control.Metadata, peer_ip: str | None) -> bool:
+        """Whether `msg` may create room state: it passes `metadata_refusal` and names a session that
+        registered (admitted, or refused: its rooms then fail with the refusal's reason). A signed one
+        may name an unknown session (a prefill restarted under a decode): its rooms fail at once."""
+        refusal = self.admission.metadata_refusal(frames, msg, peer_ip)
+        known = msg.session in self._peers or msg.session in self._refused or self.admission.secret is not None
+        if refusal is None and not known:
+            refusal = "unregistered", "no Register from this session"
+        if refusal is not None:
+            self.count(f"metadata_{refusal[0]}", msg.session, refusal[1])
+        return refusal is None
+
     def touch(self, session: str) -> None:
         """`session` is in use (a Metadata named it): keep it out of eviction's way."""
         if session in self._peers:
@@ -106,11 +147,16 @@ class PeerBook:
         return f"its Register was refused: {why}" if why else "without registering its data address"
 
     def _refuse(self, session: str, name: str, reason: str) -> None:
-        self.refusals[name] += 1
-        n = self.refusals[name]
         self._refused[session] = f"{name}: {reason}"
         self._refused.move_to_end(session)
         while len(self._refused) > MAX_REFUSALS:
             self._refused.popitem(last=False)
+        self.count(name, session, reason)
+
+    def count(self, name: str, session: str, reason: str) -> None:
+        """Count a refused control message; log at powers of two (a sweep must not flood the log)."""
+        self.refusals[name] += 1
+        n = self.refusals[name]
         if n & (n - 1) == 0:
-            log.error("prfaas_zmq: refused Register from decode %s (%s, %d so far): %s", session, name, n, reason)
+            what = "Metadata" if name.startswith("metadata_") else "Register"
+            log.error("prfaas_zmq: refused %s from decode %s (%s, %d so far): %s", what, session, name, n, reason)

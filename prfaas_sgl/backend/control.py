@@ -2,9 +2,10 @@
 
 A message is `[TAG, msgpack(struct)]`, plus `mac` = HMAC-SHA256(register.secret, TAG + body) as a third
 frame when keys are configured; the struct is tagged by type, so nothing is read by position. SGLang's
-own frames on the same socket (ABORT) start with other tags. Only Register needs the MAC: it chooses
-where KV goes and which key encrypts it; a Metadata only names a registered session and a room id
-(a random 63-bit number the sender must already know), and its page count is checked against ours.
+own frames on the same socket (ABORT) start with other tags. Register and Metadata both carry the MAC:
+a Register chooses where KV goes and which key encrypts it, and every Metadata creates room state on
+the prefill for the waiting timeout (`admission.PeerBook.admit_metadata` checks both). SGLang creates
+and binds that socket, so no MAXMSGSIZE bounds a frame there (libzmq copies it at bind time).
 Field names `endpoint`, `dst_port`, `is_dummy` are the ones SGLang's common manager reads from a
 room's transfer infos (`_room_notify_targets`), so a `Metadata` can be stored there as is.
 """

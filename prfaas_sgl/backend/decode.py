@@ -63,7 +63,7 @@ class DecodeManager(PrfaasKVManager):
             state_indices=[] if is_dummy else flat_states(state_indices),
             decode_prefix_len=int(decode_prefix_len or 0), required_dst_info_num=int(required_dst_info_num),
             is_dummy=bool(is_dummy),
-        ))
+        ), self.register_secret)  # signed like Register: a prefill refuses unsigned room state
 
     # -- data plane -----------------------------------------------------------------------------------
     def expect(self, room: int, kv_indices, aux_index, state_indices) -> str | None:
@@ -83,6 +83,9 @@ class DecodeManager(PrfaasKVManager):
             return f"prfaas_zmq: cannot receive room {room}: {e}"
         except Exception as e:  # a stalled or dead loop (TimeoutError, RuntimeError, ZMQError) fails this room only
             log.exception("prfaas_zmq: expect(room %s) failed", room)
+            # a timed-out call_sync leaves its add queued: release after it (the loop is FIFO), or a live
+            # transfer would later write into pages SGLang frees with this failed request
+            self.receiver.release(tid)
             return f"prfaas_zmq: cannot receive room {room}: {type(e).__name__}: {e}"
         self.expected[room] = tid
         return None

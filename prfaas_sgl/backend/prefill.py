@@ -24,6 +24,7 @@ from prfaas_sgl.transfer.states import TransferState, TransferStatus
 
 log = logging.getLogger(__name__)
 _WATCH_S = 0.002  # completion polling period while transfers are open (a dict lookup per transfer)
+MAX_UNSTARTED = 16384  # rooms with Metadata and no chunk yet (a Metadata is ~100 B, kept ~10 min)
 
 
 @dataclass(slots=True)
@@ -33,6 +34,7 @@ class _Outgoing:
     room: int
     tids: dict[int, tuple[str, int]] = field(default_factory=dict)  # tid → decode control address
     closed: bool = False  # the last piece (states + aux) was queued
+    dropped: bool = False  # concluded and released: a watch step holding a stale snapshot skips it
 
 
 class PrefillManager(PrfaasKVManager):
@@ -62,9 +64,10 @@ class PrefillManager(PrfaasKVManager):
         """Queue one prefill chunk (`kv_indices`: page ids, request order; `index_slice`: their place in
         the pages sent for this request). The last chunk also carries state items and the aux row."""
         room = bootstrap_room
-        self._unstarted.pop(room, None)
-        if self.request_status.get(room) in (None, KVPoll.Failed):
-            return
+        with self._lock:  # _expire_unstarted forgets a room under the lock, never halfway
+            self._unstarted.pop(room, None)
+            if self.request_status.get(room) in (None, KVPoll.Failed):
+                return
         self.check_data_plane(room)
         infos = self.transfer_infos.get(room)
         if not infos:  # the scheduler only prefills bootstrapped rooms: this is a bookkeeping bug
@@ -96,7 +99,8 @@ class PrefillManager(PrfaasKVManager):
     def check_status(self, bootstrap_room: int) -> KVPoll:
         if bootstrap_room in self._open:
             self.check_data_plane(bootstrap_room)
-        return self.request_status[bootstrap_room]
+        # the watch thread may have forgotten an expired room since SGLang's poll saw it
+        return self.request_status.get(bootstrap_room, KVPoll.Failed)
 
     def _send(self, room: int, session: str, info: control.Metadata, regions, last: bool) -> None:
         peer = self.peers.get(session)
@@ -105,6 +109,8 @@ class PrefillManager(PrfaasKVManager):
             return
         tid = transfer_id(room, info.endpoint, info.dst_port)
         with self._lock:
+            if self.request_status.get(room) in (None, KVPoll.Failed):
+                return  # aborted and dropped since add_transfer_request looked: its pages may be freed
             out = self._open.setdefault(room, _Outgoing(room))
             out.tids[tid] = (info.endpoint, info.dst_port)
             out.closed = out.closed or last
@@ -140,7 +146,7 @@ class PrefillManager(PrfaasKVManager):
         if isinstance(msg, control.Register):
             self._on_register(frames, msg, peer_ip)
         elif isinstance(msg, control.Metadata):
-            self._on_metadata(msg)
+            self._on_metadata(frames, msg, peer_ip)
 
     def _on_register(self, frames: list[bytes], msg: control.Register, peer_ip: str | None) -> None:
         if not self.peers.admit(frames, msg, peer_ip):
@@ -158,7 +164,15 @@ class PrefillManager(PrfaasKVManager):
         for gone in [s for s in self.rejections if s not in self.peers]:  # bounded with the book
             self.rejections.pop(gone, None)
 
-    def _on_metadata(self, msg: control.Metadata) -> None:
+    def _on_metadata(self, frames: list[bytes], msg: control.Metadata, peer_ip: str | None) -> None:
+        # every Metadata creates room state for ~10 min: only admitted decodes (or, to learn why it
+        # failed, a refused one holding the secret) may, and only so many rooms at a time
+        if not self.peers.admit_metadata(frames, msg, peer_ip):
+            return
+        if msg.room not in self.transfer_infos and len(self._unstarted) >= MAX_UNSTARTED:
+            self.peers.count("metadata_too_many_rooms", msg.session,
+                             f"{len(self._unstarted)} rooms wait for their prefill already")
+            return
         self.peers.touch(msg.session)
         self._unstarted.setdefault(msg.room, time.monotonic())
         infos = self.transfer_infos.setdefault(msg.room, {})
@@ -193,8 +207,18 @@ class PrefillManager(PrfaasKVManager):
                 self._check(out)
             except Exception as e:
                 log.exception("prfaas_zmq: checking room %s failed", out.room)
-                self.conclude_failure(bootstrap_room=out.room, failure_reason=f"prfaas_zmq: internal error: {e!r}")
-                self._drop(out)
+                self._fail_broken(out, e)
+
+    def _fail_broken(self, out: _Outgoing, error: Exception) -> None:
+        """Fail a room whose check raised. It leaves _open whatever happens here: one still open would
+        fail again, with a traceback, every watch period."""
+        try:
+            self.conclude_failure(bootstrap_room=out.room, failure_reason=f"prfaas_zmq: internal error: {error!r}")
+        except Exception:
+            log.exception("prfaas_zmq: failing room %s failed too; dropping it", out.room)
+            self.request_status[out.room] = KVPoll.Failed
+        finally:
+            self._drop(out)
 
     def _tids(self, out: _Outgoing) -> dict[int, tuple[str, int]]:
         # the scheduler thread adds a room's second destination while we look (MLA, decode TP > prefill TP)
@@ -202,6 +226,8 @@ class PrefillManager(PrfaasKVManager):
             return dict(out.tids)
 
     def _check(self, out: _Outgoing) -> None:
+        if out.dropped:
+            return
         status = self.request_status.get(out.room)
         if status in (None, KVPoll.Failed):  # cleared, aborted by decode, or failed elsewhere
             self._drop(out)
@@ -221,22 +247,27 @@ class PrefillManager(PrfaasKVManager):
 
     def _drop(self, out: _Outgoing) -> None:
         with self._lock:
-            self._open.pop(out.room, None)
+            if self._open.get(out.room) is out:
+                self._open.pop(out.room)
+            out.dropped = True
             tids = list(out.tids)
         for tid in tids:
-            self.sender.release(tid)  # aborts a transfer that is still running, tells the receiver
+            try:
+                self.sender.release(tid)  # aborts a transfer that is still running, tells the receiver
+            except Exception:
+                log.exception("prfaas_zmq: releasing transfer %x of room %s failed", tid, out.room)
 
     def _expire_unstarted(self, now: float) -> None:
         """Forget rooms whose prefill never started (L1): the decode gave up on them long ago."""
         for room, since in list(self._unstarted.items()):
             if now - since < self._room_ttl_s:
                 break  # insertion order is arrival order
-            self._unstarted.pop(room, None)
-            if room in self._open:
-                continue
-            self.transfer_infos.pop(room, None)
-            self.req_to_decode_prefix_len.pop(room, None)
-            self.request_status.pop(room, None)
+            with self._lock:  # add_transfer_request pops _unstarted and reads the status under it
+                if self._unstarted.pop(room, None) is None or room in self._open:
+                    continue  # started meanwhile
+                self.transfer_infos.pop(room, None)
+                self.req_to_decode_prefix_len.pop(room, None)
+                self.request_status.pop(room, None)
             with self.failure_lock:
                 self.failure_records.pop(room, None)
 

@@ -113,7 +113,7 @@ def test_forged_register_cannot_redirect_kv(keys):
     forged = msgspec.structs.replace(legit, data_host=ATTACKER_IP, server_key=server_public_key(attacker))
     m._on_control(control.encode(forged), ATTACKER_IP)  # unsigned
     m._on_control(control.encode(forged, b"x" * 32), ATTACKER_IP)  # signed with a guessed secret
-    m._on_control(control.encode(metadata()), DECODE_IP)
+    m._on_control(control.encode(metadata(), secret), DECODE_IP)
     m.add_transfer_request(ROOM, np.arange(4), slice(0, 4), is_last_chunk=True, aux_index=0)
     (_, peer, _), = m.sender.sent
     assert (peer.host, peer.server_key) == (DECODE_IP, server_public_key(good))
@@ -138,7 +138,7 @@ def test_signed_register_is_still_checked(keys, case, counter):
         msg = msgspec.structs.replace(register(server_key=key), data_port=0)
     m._on_control(control.encode(msg, register_secret(good)), peer_ip)
     assert msg.session not in m.peers and m.peers.refusals == {counter: 1}
-    m._on_control(control.encode(metadata()), DECODE_IP)
+    m._on_control(control.encode(metadata(), register_secret(good)), DECODE_IP)
     m.add_transfer_request(ROOM, np.arange(4), slice(0, 4), is_last_chunk=True, aux_index=0)
     assert m.sender.sent == [] and m.request_status[ROOM] == KVPoll.Failed
     assert counter in m.failure_records[ROOM]  # the decode learns why
@@ -396,3 +396,193 @@ def test_sender_will_not_encrypt_kv_for_an_announced_untrusted_key(keys, tmp_pat
     finally:
         tx.close()
         rx.close()
+
+
+# -- issue 12 review: Metadata creates room state, so it is authenticated and bounded too ----------------
+def _admitted_prefill(keys_dir=None):
+    m = make_prefill(keys_dir)
+    secret = register_secret(keys_dir) if keys_dir else None
+    assert m.peers.admit(control.encode(register(), secret), register(), DECODE_IP)
+    return m, secret
+
+
+@pytest.mark.parametrize("case, counter", [
+    ("unsigned", "metadata_unsigned"), ("bad_mac", "metadata_bad_mac"),
+    ("sent_from_elsewhere", "metadata_host_mismatch"), ("no_tcp_peer", "metadata_host_mismatch"),
+    ("huge_state", "metadata_bad_metadata"), ("negative_pages", "metadata_bad_metadata"),
+])
+def test_forged_metadata_creates_no_room(keys, case, counter):
+    """Before the fix any host that reached the control socket created a room for ~10 min per Metadata."""
+    good, _ = keys
+    m, secret = _admitted_prefill(good)
+    msg, peer_ip = metadata(), DECODE_IP
+    frames = None
+    if case == "unsigned":
+        frames = control.encode(msg)
+    elif case == "bad_mac":
+        frames = control.encode(msg, b"y" * 32)
+    elif case == "sent_from_elsewhere":
+        peer_ip = ATTACKER_IP
+    elif case == "no_tcp_peer":
+        peer_ip = None
+    elif case == "huge_state":
+        msg = msgspec.structs.replace(msg, state_indices=[list(range(70000))])
+    else:
+        msg = msgspec.structs.replace(msg, npages=-1)
+    m._on_control(frames or control.encode(msg, secret), peer_ip)
+    assert (m.transfer_infos, m.request_status, m._unstarted) == ({}, {}, {})
+    assert m.peers.refusals == {counter: 1}
+
+
+def test_decode_signs_its_metadata(keys):
+    good, _ = keys
+    d = make_decode(StubReceiver())
+    d.register_secret = register_secret(good)
+    frames = d.build_receiver_metadata_message(
+        bootstrap_room=ROOM, required_dst_info_num=1, kv_indices=np.arange(4), aux_index=0, state_indices=None,
+        decode_prefix_len=0, is_dummy=False)
+    m, _ = _admitted_prefill(good)
+    m._on_control(frames, DECODE_IP)
+    assert m.request_status[ROOM] == KVPoll.WaitingForInput and m.peers.refusals == {}
+
+
+def test_metadata_of_an_unknown_session_is_refused_without_keys():
+    m, _ = _admitted_prefill()
+    m._on_control(control.encode(metadata(port=6666)), DECODE_IP)
+    assert m.transfer_infos == {} and m.peers.refusals == {"metadata_unregistered": 1}
+
+
+def test_unstarted_rooms_are_bounded(monkeypatch):
+    import prfaas_sgl.backend.prefill as prefill
+
+    monkeypatch.setattr(prefill, "MAX_UNSTARTED", 3)
+    m, _ = _admitted_prefill()
+    for room in range(5):
+        m._on_control(control.encode(metadata(room)), DECODE_IP)
+    assert sorted(m._unstarted) == [0, 1, 2] and sorted(m.transfer_infos) == [0, 1, 2]
+    assert m.peers.refusals == {"metadata_too_many_rooms": 2}
+
+
+# -- a timed-out expect() must not leave a live transfer on pages SGLang frees ----------------------------
+def test_timed_out_expect_releases_its_transfer():
+    rx = StubReceiver(TimeoutError())
+    m = make_decode(rx)
+    assert m.expect(ROOM, np.arange(2), 0, None) is not None
+    assert rx.released == [control_tid(m)]  # queued after the add that call_sync gave up waiting for
+
+
+def control_tid(m):
+    from prfaas_sgl.backend.memory import transfer_id
+
+    return transfer_id(ROOM, m.local_ip, m.rank_port)
+
+
+# -- an expired room polled by the scheduler ---------------------------------------------------------------
+def test_check_status_of_an_expired_room_is_failed():
+    m, _ = _admitted_prefill()
+    m._on_control(control.encode(metadata()), DECODE_IP)
+    m._expire_unstarted(time.monotonic() + 601)  # between SGLang's `room in request_status` and its poll
+    assert m.check_status(ROOM) == KVPoll.Failed  # KeyError on the scheduler thread before
+
+
+def test_expiry_and_first_chunk_agree():
+    """The first chunk and the expiry both take the lock: a started room is never half forgotten."""
+    m, _ = _admitted_prefill()
+    m._on_control(control.encode(metadata()), DECODE_IP)
+    m._lock.acquire()
+    t = threading.Thread(target=m._expire_unstarted, args=(time.monotonic() + 601,))
+    t.start()
+    time.sleep(0.05)
+    assert ROOM in m.request_status  # the expiry waits for the lock
+    m._unstarted.pop(ROOM)  # what the first chunk does under the lock
+    m._lock.release()
+    t.join(2)
+    assert ROOM in m.request_status and ROOM in m.transfer_infos
+
+
+# -- a room whose failure handling raises leaves the watch loop ------------------------------------------
+def test_room_whose_failure_raises_is_dropped_once():
+    m = make_prefill()
+    m.request_status[ROOM] = KVPoll.Transferring
+    m._open[ROOM] = _Outgoing(ROOM, {5: ("a", 1)})
+    polls = []
+    m.sender.poll = lambda tid: polls.append(tid) or (_ for _ in ()).throw(RuntimeError("bug"))
+    m.conclude_failure = lambda **kw: (_ for _ in ()).throw(RuntimeError("bug in failing"))
+    m._watch_step()
+    m._watch_step()
+    assert ROOM not in m._open and polls == [5] and m.sender.released == [5]
+    assert m.request_status[ROOM] == KVPoll.Failed
+
+
+# -- a room dropped between the status check and the send is not reopened ---------------------------------
+def test_send_after_drop_opens_no_transfer():
+    m, _ = _admitted_prefill()
+    m._on_control(control.encode(metadata()), DECODE_IP)
+    m.add_transfer_request(ROOM, np.arange(2), slice(0, 2), is_last_chunk=False)
+    get = m.peers.get
+
+    def abort_meanwhile(session):  # the decode aborts; the watch thread drops the room
+        m._on_control(AbortNotification_frames(), DECODE_IP)
+        m._watch_step()
+        return get(session)
+
+    m.peers.get = abort_meanwhile
+    m.add_transfer_request(ROOM, np.arange(2), slice(2, 4), is_last_chunk=True, aux_index=0)
+    assert len(m.sender.sent) == 1 and m.sender.released == [m.sender.sent[0][0]]
+    assert ROOM not in m._open
+
+
+def AbortNotification_frames():
+    from sglang.srt.disaggregation.common.conn import ABORT_TAG
+
+    return [ABORT_TAG, str(ROOM).encode(), DECODE_IP.encode(), b"5555"]
+
+
+# -- the TCP peer a control message came from -------------------------------------------------------------
+def test_unknown_tcp_peer_is_a_mismatch_with_keys(keys):
+    good, _ = keys
+    msg = register()
+    assert Admission(register_secret(good), None).refusal(control.encode(msg, register_secret(good)), msg, None)[0] \
+        == "host_mismatch"
+    assert Admission(None, None).refusal(control.encode(msg), msg, None) is None  # no keys: nothing to check
+
+
+def test_peer_ip_is_the_connecting_address():
+    """Over TCP from source address 127.0.0.2: the value is the connecting host, not a loopback default."""
+    import zmq
+
+    from prfaas_sgl.backend.prefill import _peer_ip
+
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    try:
+        port = pull.bind_to_random_port("tcp://127.0.0.1")
+        push.connect(f"tcp://127.0.0.2:0;127.0.0.1:{port}")
+        push.send_multipart([b"a", b"b"])
+        assert pull.poll(5000)
+        parts = pull.recv_multipart(copy=False)
+        assert _peer_ip(parts[0]) == "127.0.0.2"
+    finally:
+        push.close(0)
+        pull.close(0)
+        ctx.term()
+
+
+# -- trusted keys: parsed once per file version, a bad file skipped ----------------------------------------
+def test_bad_trusted_key_file_is_skipped_and_files_are_cached(keys, tmp_path, monkeypatch):
+    import zmq.auth
+
+    from prfaas_sgl.transfer.security import server_key_problem, trusted_server_keys
+
+    good, attacker = keys
+    d = tmp_path / "k"
+    shutil.copytree(good, d)
+    shutil.copy(f"{attacker}/server.key", d / "authorized_servers" / "decode-b.key")
+    (d / "authorized_servers" / "broken.key").write_text("not a certificate")
+    assert trusted_server_keys(str(d)) == {server_public_key(good), server_public_key(attacker)}
+    assert server_key_problem(str(d), server_public_key(attacker)) is None  # raised before: every link refused
+    loads = []
+    real = zmq.auth.load_certificate
+    monkeypatch.setattr(zmq.auth, "load_certificate", lambda p: loads.append(p) or real(p))
+    trusted_server_keys(str(d))
+    assert loads == []  # parsed on every Register before
