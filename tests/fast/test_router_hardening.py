@@ -35,6 +35,14 @@ async def metric(r, name: str) -> float:
     return 0.0
 
 
+async def until(cond, timeout: float = 10.0) -> bool:
+    """Poll ``cond`` on this loop until it holds or ``timeout`` passes (no fixed sleep to tune)."""
+    end = time.monotonic() + timeout
+    while not cond() and time.monotonic() < end:
+        await asyncio.sleep(0.01)
+    return cond()
+
+
 # ---------------------------------------------------------------- H2: the router owns rid
 
 
@@ -81,6 +89,14 @@ async def probe_health(url: str, http: aiohttp.ClientSession, stop: asyncio.Even
     return took
 
 
+def assert_loop_answers(took: list[float]) -> None:
+    """The loop answered /health within 200 ms (the issue's bound) all along, bar the slowest 10% (at least
+    one probe: a loaded CI machine may pause this process), and never stalled 1 s. The old router parsed
+    and tokenized a 4 MiB prompt on the loop for over 1 s, a 32 MiB one for several."""
+    slow = max(1, len(took) // 10)
+    assert len(took) >= 4 and sorted(took)[-slow - 1] < 0.2 and max(took) < 1.0, took
+
+
 HUGE = 32 << 20  # bytes of prompt text
 
 
@@ -105,7 +121,7 @@ def test_huge_prompt_refused_unread_while_health_answers(tmp_path, framing):
             await asyncio.sleep(0.2)
             stop.set()
             took = await probes
-            assert len(took) >= 4 and max(took) < 0.2, took
+            assert_loop_answers(took)
             assert status == 413 and out["error"]["code"] == "request_too_large"
             assert "--max-body-bytes" in out["error"]["message"]
             assert peak_rss() - base < 100 << 20
@@ -165,8 +181,13 @@ def test_tokenizing_releases_the_gil(tmp_path):
     assert tok.encode_text(text) == tok.tok.encode(text, add_special_tokens=True).ids
     took, gap = max_stall(lambda: tok.tok.encode(text))
     assert gap > 0.8 * took  # control: the old call froze every other thread
-    took, gap = max_stall(lambda: tok.encode_text(text))
-    assert took > 0.1 and gap < took / 4, (took, gap)
+    runs = []
+    for _ in range(3):  # a loaded machine may pause this thread once; a GIL holder freezes it every time
+        runs.append(max_stall(lambda: tok.encode_text(text)))
+        if runs[-1][1] < runs[-1][0] / 4:
+            break
+    took, gap = runs[-1]
+    assert took > 0.1 and gap < took / 4, runs
 
 
 # ---------------------------------------------------------------- M1: a 4xx is the request's fault
@@ -206,8 +227,7 @@ def test_server_4xx_relayed_unchanged_and_servers_stay_in_rotation(tmp_path, fir
             assert await metric(r, 'prfaas_router_pool_healthy_instances{pool="prfaas"}') == 1.0
             assert await metric(r, 'prfaas_router_retries_total{reason="long"}') == 0.0
             assert r.local.received == [] and len(r.remote.received) == len(r.decode.received) == 20
-            await asyncio.sleep(0.3)  # the slower server's request was cancelled, not left running
-            assert all(i.inflight == 0 for i in insts)
+            assert await until(lambda: all(i.inflight == 0 for i in insts))  # the slower one was cancelled
             assert (await r.post("/v1/completions", {"model": "tiny", "prompt": LONG, "max_tokens": 1}))[0] == 200
     run(body())
 
@@ -350,11 +370,9 @@ def test_client_disconnect_cancels_the_attempt(tmp_path):
                 await r.http.post(r.router.url + "/v1/completions", timeout=quick,
                                   json={"model": "tiny", "prompt": LONG, "max_tokens": 4})
             left = time.monotonic()
-            for _ in range(40):
-                if r.decode.cancelled_at:
-                    break
-                await asyncio.sleep(0.05)
-            assert r.decode.cancelled_at and r.decode.cancelled_at[0] - left < 1.0
-            assert all(i.inflight == 0 for i in r.router.router.cluster.instances.values())
+            assert await until(lambda: r.decode.cancelled_at)
+            assert r.decode.cancelled_at[0] - left < 2.0  # not the 5 s the decode would have kept running
+            insts = r.router.router.cluster.instances.values()
+            assert await until(lambda: all(i.inflight == 0 for i in insts))
             assert r.router.router.cluster.link.transfers == {}
     run(body())
