@@ -227,7 +227,7 @@ def test_server_4xx_relayed_unchanged_and_servers_stay_in_rotation(tmp_path, fir
             assert await metric(r, 'prfaas_router_pool_healthy_instances{pool="prfaas"}') == 1.0
             assert await metric(r, 'prfaas_router_retries_total{reason="long"}') == 0.0
             assert r.local.received == [] and len(r.remote.received) == len(r.decode.received) == 20
-            assert await until(lambda: all(i.inflight == 0 for i in insts))  # the slower one was cancelled
+            assert await until(lambda: all(i.inflight == 0 for i in insts))  # the other attempt ended too
             assert (await r.post("/v1/completions", {"model": "tiny", "prompt": LONG, "max_tokens": 1}))[0] == 200
     run(body())
 
