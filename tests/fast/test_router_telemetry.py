@@ -145,8 +145,10 @@ async def _poller_scenario(tmp_path) -> None:
         task = asyncio.create_task(poll_loads(cluster, session))
         try:
             for body in BAD:
+                seen = dict(cluster.poll_errors)
                 srv.loads = srv.stats = body
-                await asyncio.sleep(0.1)
+                # two more failed rounds: the first may have read the previous body
+                await _until(lambda: task.done() or cluster.poll_errors["link_stats"] >= seen["link_stats"] + 2)
                 assert not task.done(), f"poller died on {body!r}: {task.exception() if task.done() else ''}"
                 assert not cluster.link.stats_ok
             errors = dict(cluster.poll_errors)
