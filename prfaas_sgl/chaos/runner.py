@@ -83,6 +83,7 @@ async def run_faults(fleet: Fleet, link: Link, schedule: tuple[FaultEvent, ...],
         await asyncio.sleep(max(0.0, t0 + ev.at_s - time.monotonic()))
         for name in _wait_for(ev, starting):
             await starting.pop(name)
+        await until_load(load, MEET_LOAD_S)
         rec = {**ev.to_json(), "ran_at_s": round(time.monotonic() - t0, 2), "inflight": load.inflight}
         records.append(rec)
         if ev.kind == "kill":
@@ -96,6 +97,15 @@ async def run_faults(fleet: Fleet, link: Link, schedule: tuple[FaultEvent, ...],
 
 
 PREFILLS = ("remote_prefill", "local_prefill")
+MEET_LOAD_S = 30.0  # at ~1 request per 6 s (CI), a fault fired between requests met none in ~1 of 2 tries
+
+
+async def until_load(load: LoadRun, limit_s: float) -> None:
+    """Waits (at most `limit_s`) until a request is in flight: a fault that meets none tests only recovery.
+    The fault may run late, never early, as with `_wait_for`."""
+    deadline = time.monotonic() + limit_s
+    while load.inflight == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
 
 
 def _wait_for(ev: FaultEvent, starting: dict[str, asyncio.Task]) -> list[str]:

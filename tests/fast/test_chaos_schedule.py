@@ -181,3 +181,31 @@ def test_a_prefill_kill_waits_for_the_other_prefill_and_a_link_drop_for_the_remo
     assert _wait_for(FaultEvent(1.0, "kill", "decode_b"), starting) == ["decode_b"]
     assert _wait_for(FaultEvent(1.0, "link_down", LINK, duration_s=3.0), starting) == []
     assert _wait_for(FaultEvent(1.0, "link_down", LINK, duration_s=3.0), {"remote_prefill": 1}) == ["remote_prefill"]
+
+
+def test_a_fault_waits_for_a_request_in_flight_but_not_forever():
+    """CI saw all four faults fire between requests (in flight 0): they tested only recovery."""
+    import asyncio
+    import time
+
+    from prfaas_sgl.chaos.runner import LoadRun, until_load
+
+    async def scenario() -> tuple[float, float]:
+        load = LoadRun()
+
+        async def request_arrives() -> None:
+            await asyncio.sleep(0.3)
+            load.inflight += 1
+
+        t0 = time.monotonic()
+        arrival = asyncio.create_task(request_arrives())
+        await until_load(load, limit_s=10.0)
+        waited = time.monotonic() - t0
+        await arrival
+        load.inflight = 0
+        t1 = time.monotonic()
+        await until_load(load, limit_s=0.2)  # no request comes: the fault runs anyway, late
+        return waited, time.monotonic() - t1
+
+    waited, gave_up = asyncio.run(scenario())
+    assert 0.25 <= waited < 5.0 and 0.2 <= gave_up < 5.0
