@@ -52,9 +52,15 @@ def test_both_routes_served_correct_tokens_under_faults(campaign):
 def test_every_fault_ran_and_every_killed_server_came_back(campaign):
     faults = campaign["faults"]
     assert len(faults) == CI.schedule_spec().n_events
+    timeline = campaign["timeline_s"]
+    load_end = timeline["load_done"] - timeline["t0"]  # fault times are relative to t0
     for f in faults:
         assert "restart_error" not in f, f
-        assert f["inflight"] > 0, f"fault met no request in flight (it tested only recovery): {f}"
+        # A fault waits up to 30 s for a request in flight (runner.until_load); only one pushed past the load's
+        # end by restarts may meet none, and it still tests recovery.
+        if f["ran_at_s"] + 30 < load_end:
+            assert f["inflight"] > 0, f"fault met no request in flight (it tested only recovery): {f}"
+    assert any(f["inflight"] > 0 for f in faults), faults
         if f["kind"] == "kill":
             assert f["healthy_at_s"] > f["ran_at_s"], f
         else:
