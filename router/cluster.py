@@ -119,7 +119,7 @@ class Cluster:
     poll_failing: dict[str, str] = field(default_factory=dict)  # "kind who" -> why its last poll failed
 
     def __post_init__(self) -> None:
-        self.link = LinkState(self.cfg.link_gbps * 1e9, stale_after_s=max(1.0, 3 * self.cfg.loads_interval_s))
+        self.link = LinkState(self.cfg.link_gbps * 1e9, stale_after_s=3 * poll_timeout_s(self.cfg))
         cap_blocks = max(1, self.cfg.prefix_capacity_tokens // self.cfg.block_size)
         for pool in ("prfaas", "local_prefill", "decode"):
             for spec in getattr(self.cfg, pool):
@@ -136,6 +136,12 @@ class Cluster:
 
 
 # ---------------------------------------------------------------- pollers
+
+
+def poll_timeout_s(cfg: RouterConfig) -> float:
+    """A loaded SGLang server answers /v1/loads in 0.3-2 s (seen on CPU), and the stats poll crosses a busy
+    inter-DC link: a timeout of one short poll interval made every reading flap to 'unknown'."""
+    return max(cfg.loads_interval_s, 1.0)
 
 
 class PollError(Exception):
@@ -242,7 +248,7 @@ def _sample_of(url: str, body: Any, why: str) -> Sample:
 
 async def poll_loads_once(cluster: Cluster, session: aiohttp.ClientSession) -> None:
     """``GET /v1/loads`` of every healthy instance, then the transport stats; bad answers are counted."""
-    timeout = cluster.cfg.loads_interval_s
+    timeout = poll_timeout_s(cluster.cfg)
     insts = [i for i in cluster.instances.values() if i.healthy]
     urls = [f"{i.spec.url}/v1/loads?include=core" for i in insts]
     answers = await asyncio.gather(*(_answer(session, u, timeout) for u in urls))
