@@ -1,0 +1,1 @@
+"""Actuators of the long-timescale controller: see base.py."""
