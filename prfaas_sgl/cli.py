@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-SUBCOMMANDS = ("plan", "simulate", "bench", "up", "keys")  # module names under prfaas_sgl.commands
+SUBCOMMANDS = ("plan", "simulate", "bench", "up", "keys", "render")  # module names under prfaas_sgl.commands
 
 
 def build_parser() -> argparse.ArgumentParser:
