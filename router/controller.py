@@ -64,6 +64,10 @@ class LongTermController:
         if goodput_bps > 0:
             self.link_Bps = goodput_bps / 8
 
+    def resize(self, split: tuple[int, int]) -> None:
+        """The local split changed (an actuator moved a server): the next threshold is optimised for it."""
+        self.split = split
+
     def maybe_update(self, now: float) -> ControllerUpdate | None:
         if now < self.next_at:
             return None

@@ -1,14 +1,18 @@
-"""Builds the long-term controller named by ``--controller`` (router/controller.py, planner helper).
+"""Builds the long-term controller named by ``--controller`` (router/controller.py, planner helper), and
+closes its loop: ``ActingController`` turns recommended splits into actuator actions.
 
 Kept apart so the router runs, unchanged, whether or not the planner's controller is installed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 from typing import Any
 
+from .actuators.base import Action, Actuator, Split
+from .actuators.decide import DecideConfig, SplitDecider
 from .config import RouterConfig
 
 log = logging.getLogger(__name__)
@@ -31,3 +35,81 @@ def build_controller(cfg: RouterConfig) -> Any:
     system = scenario.load_scenario(cfg.controller_scenario).system
     ccfg = ctl.ControllerConfig(interval_s=cfg.controller_interval_s)
     return ctl.LongTermController(ccfg, system, (len(cfg.local_prefill), len(cfg.decode)), cfg.threshold)
+
+
+class ActingController:
+    """A controller (``observe`` / ``maybe_update``) whose recommended splits reach an actuator.
+
+    Threshold updates pass through unchanged to the routing core. A recommended split goes through the
+    decider (hysteresis, dwell time); a move runs as a task on the router's loop (``apply`` of the
+    processes actuator drains and restarts a server in the background). Every action — the actuator's
+    answer and, for a switch, its end — is logged with its reason and counted in
+    ``prfaas_router_controller_actions_total{actuator,outcome,reason}``.
+    """
+
+    def __init__(self, inner: Any, decider: SplitDecider, actuator: Actuator | None = None,
+                 metrics: Any = None) -> None:
+        self.inner, self.decider, self.actuator, self.metrics = inner, decider, actuator, metrics
+        self.actions: list[Action] = []  # every action, in order (tests, the demo's table)
+        self.tasks: set[asyncio.Task] = set()
+
+    def observe(self, incremental_len: int, now: float) -> None:
+        self.inner.observe(incremental_len, now)
+
+    def observe_link(self, goodput_bps: float, now: float) -> None:
+        if hasattr(self.inner, "observe_link"):
+            self.inner.observe_link(goodput_bps, now)
+
+    def maybe_update(self, now: float) -> Any:
+        upd = self.inner.maybe_update(now)
+        rec = getattr(upd, "recommended_split", None)
+        if rec is None or self.actuator is None:
+            return upd
+        current = self.actuator.current()
+        move = self.decider.offer(current, Split(*rec), now)
+        if move is None:
+            if self.decider.held:
+                log.info("split %s/%s kept (recommended %s): %s", current.prefill, current.decode, tuple(rec),
+                         self.decider.held)
+            return upd
+        log.info("split move %s -> %s (%s): %s", current, move.target, move.reason, move.detail)
+        task = asyncio.get_running_loop().create_task(self._apply(move.target, move.reason))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return upd
+
+    async def _apply(self, target: Split, reason: str) -> None:
+        try:
+            action = await self.actuator.apply(target, reason)
+        except Exception as e:  # noqa: BLE001 - an actuator bug must not take the controller loop down
+            log.exception("actuator %s failed", getattr(self.actuator, "name", "?"))
+            current = self.actuator.current()
+            action = Action(getattr(self.actuator, "name", "?"), current, current, reason, "failed", repr(e))
+        self.record(action)
+
+    def record(self, action: Action) -> None:
+        """Log and count one action; an actuator's report callback for the end of a background switch."""
+        self.actions.append(action)
+        if action.outcome in ("refused", "failed"):
+            self.decider.failed()
+        if action.outcome in ("applied", "failed") and hasattr(self.inner, "resize"):
+            current = self.actuator.current() if self.actuator is not None else action.after
+            self.inner.resize((current.prefill, current.decode))
+        level = logging.WARNING if action.outcome == "failed" else logging.INFO
+        log.log(level, "controller action [%s] %s: %s/%s -> %s/%s (%s) %s", action.actuator, action.outcome,
+                action.before.prefill, action.before.decode, action.after.prefill, action.after.decode,
+                action.reason, action.detail)
+        if self.metrics is not None:
+            self.metrics.controller_actions.labels(action.actuator, action.outcome, action.reason).inc()
+
+
+def close_loop(router: Any, actuator_factory: Any, decide: DecideConfig = DecideConfig()) -> ActingController:
+    """Wrap ``router``'s controller (it must have one: the controller loop only runs then) in an
+    ``ActingController``; ``actuator_factory(cluster, report)`` builds the actuator, ``report`` being the
+    callback for the end of a background action."""
+    if router.core.controller is None:
+        raise ValueError("close_loop: start the router with a controller (--controller planner or controller=...)")
+    acting = ActingController(router.core.controller, SplitDecider(decide), None, router.metrics)
+    acting.actuator = actuator_factory(router.cluster, acting.record)
+    router.core.controller = acting
+    return acting

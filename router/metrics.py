@@ -39,6 +39,9 @@ class RouterMetrics:
         self.threshold = Gauge(P + "threshold_tokens", "current incremental-length threshold t", registry=r)
         self.split = Gauge(P + "recommended_instances", "controller's recommended instance split", ["role"],
                            registry=r)
+        self.controller_actions = Counter(P + "controller_actions", "prefill/decode split actions by actuator and "
+                                          "outcome (a switch counts in_progress, then applied or failed)",
+                                          ["actuator", "outcome", "reason"], registry=r)
         self.overhead = Histogram(P + "overhead_seconds", "request arrival to forward (parse, tokenize, route)",
                                   buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2), registry=r)
         self.window: deque[bool] = deque(maxlen=window)
