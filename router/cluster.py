@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import aiohttp
 
 from .config import InstanceSpec, RouterConfig
-from .link_stats import Sample, combine_samples, count, link_sample, short
+from .link_stats import CounterRates, Sample, combine_samples, count, link_sample, short
 from .policy import InstanceView, LinkView, Pool, RouteInput
 from .prefix_index import ApproxIndex, ExactIndex
 
@@ -71,6 +71,7 @@ class LinkState:
     good_at: float = float("-inf")  # monotonic time of the last usable reading
     transfers: dict[int, tuple[float, float]] = field(default_factory=dict)  # id -> (start s, KV bytes)
     next_id: int = 0
+    rates: CounterRates = field(default_factory=CounterRates)  # goodput from the transports' byte counters
 
     def add(self, nbytes: float, start_at: float) -> int:
         """Register a remote attempt's KV; returns the id to pass to ``done``."""
@@ -222,8 +223,9 @@ async def poll_link(cluster: Cluster, session: aiohttp.ClientSession, timeout_s:
     if not urls:
         return
     answers = await asyncio.gather(*(_answer(session, u, timeout_s) for u in urls))
+    now, rates = time.monotonic(), cluster.link.rates
     try:
-        sample = combine_samples([_sample_of(url, body, why) for url, (body, why) in zip(urls, answers)])
+        sample = combine_samples([_sample_of(url, body, why, rates, now) for url, (body, why) in zip(urls, answers)])
     except ValueError as e:
         if isinstance(e, NoAnswer):
             cluster.link.missed(time.monotonic())
@@ -235,13 +237,13 @@ async def poll_link(cluster: Cluster, session: aiohttp.ClientSession, timeout_s:
     poll_recovered(cluster, "link_stats", "transport")
 
 
-def _sample_of(url: str, body: Any, why: str) -> Sample:
+def _sample_of(url: str, body: Any, why: str, rates: CounterRates, now: float) -> Sample:
     if isinstance(why, NoAnswer):
         raise why
     if why:
         raise ValueError(why)
     try:
-        return link_sample(body)
+        return link_sample(body, rates, url, now)
     except ValueError as e:
         raise ValueError(f"{url}: {e}") from e
 

@@ -13,7 +13,34 @@ from typing import Any, Sequence
 Sample = tuple[float, float, int]
 
 
-def link_sample(payload: Any) -> Sample:
+class CounterRates:
+    """Goodput from the transport's monotonic ``bytes_total`` counters: Δbytes / Δt between two polls.
+
+    The transport's own 1 s window, sampled by a poll every 1-2 s (real servers under load), aliases: a
+    chunk acknowledged between two windows is never seen, one inside a window counts for the whole poll
+    period, and a poll period in step with the chunks sees all or none. With real SGLang servers the
+    router's integrated goodput came to 0.78 of the bytes the transport moved. Counter deltas count every
+    byte once. A counter that goes down is a
+    restarted transport: that reading falls back to the window and restarts the delta.
+    """
+
+    MAX_KEYS = 4096  # one per (stats URL, peer); least recently seen forgotten first
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[int, float]] = {}
+
+    def rate(self, key: str, total: int, now: float, fallback: float) -> float:
+        last = self._last.pop(key, None)
+        self._last[key] = (total, now)
+        if len(self._last) > self.MAX_KEYS:
+            self._last.pop(next(iter(self._last)))
+        if last is None or total < last[0] or now <= last[1]:
+            return fallback
+        return 8.0 * (total - last[0]) / (now - last[1])
+
+
+def link_sample(payload: Any, rates: CounterRates | None = None, source: str = "",
+                now: float = 0.0) -> Sample:
     """(goodput bits/s, queue delay s, chunks that delay averages) of one stats answer; ValueError if none.
 
     Shapes:
@@ -22,14 +49,15 @@ def link_sample(payload: Any) -> Sample:
       one inter-DC link the router models, so goodput is summed over peers and delay averaged over chunks;
       no peer yet is a measured 0.
     - flat ``{"goodput_bps": number | windows, "queue_delay_s": number | summary}`` (other transports).
-    Goodput is the shortest window's: the policy wants the rate the link drains at now.
+    Goodput is the shortest window's (the policy wants the rate the link drains at now), or, given
+    ``rates`` and a ``bytes_total`` counter, the counter's rate since the previous poll of ``source``.
     """
     if isinstance(payload, dict) and "links" in payload:
         links = payload["links"]
         if not isinstance(links, dict):
             raise ValueError(f"'links' must map peer -> stats, got {short(links)}")
-        return combine_samples([_peer_sample(v) for v in links.values()])
-    return _peer_sample(payload)
+        return combine_samples([_peer_sample(v, rates, f"{source}|{peer}", now) for peer, v in links.items()])
+    return _peer_sample(payload, rates, source, now)
 
 
 def combine_samples(samples: Sequence[Sample]) -> Sample:
@@ -39,11 +67,14 @@ def combine_samples(samples: Sequence[Sample]) -> Sample:
     return sum(s[0] for s in samples), delay, n
 
 
-def _peer_sample(d: Any) -> Sample:
+def _peer_sample(d: Any, rates: CounterRates | None, key: str, now: float) -> Sample:
     if not isinstance(d, dict) or "goodput_bps" not in d:
         raise ValueError(f"no goodput_bps in {short(d)}")
     delay, n = _delay(d.get("queue_delay_s", 0.0))
-    return _goodput(d["goodput_bps"]), delay, n
+    goodput = _goodput(d["goodput_bps"])
+    if rates is not None and "bytes_total" in d:
+        goodput = rates.rate(key, count(d["bytes_total"], "bytes_total"), now, goodput)
+    return goodput, delay, n
 
 
 def _goodput(value: Any) -> float:
