@@ -50,8 +50,11 @@ def link_sample(payload: Any, rates: CounterRates | None = None, source: str = "
       no peer yet is a measured 0.
     - flat ``{"goodput_bps": number | windows, "queue_delay_s": number | summary}`` (other transports).
     Goodput is the shortest window's (the policy wants the rate the link drains at now), or, given
-    ``rates`` and a ``bytes_total`` counter, the counter's rate since the previous poll of ``source``.
+    ``rates`` and a ``bytes_total`` counter, the counter's rate since the previous poll of ``source``, over
+    the transport's clock (``time_s``) when it sends one, else over ``now`` (the answer's arrival).
     """
+    if isinstance(payload, dict) and "time_s" in payload:
+        now = _number(payload["time_s"], "time_s")
     if isinstance(payload, dict) and "links" in payload:
         links = payload["links"]
         if not isinstance(links, dict):

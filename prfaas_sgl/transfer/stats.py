@@ -134,9 +134,12 @@ class StatsBook:
             return self._links[peer]
 
     def snapshot(self) -> dict:
+        """``time_s`` (this process's monotonic clock) lets a reader turn ``bytes_total`` into a rate over the
+        transport's own interval, not over its poll's arrival times, which a loaded link or host jitters."""
         with self._lock:
             links = list(self._links.values())
-        return {"links": {s.peer: s.snapshot() for s in links}}
+        now = time.monotonic()
+        return {"time_s": now, "links": {s.peer: s.snapshot(now) for s in links}}
 
 
 class StatsServer:

@@ -61,3 +61,31 @@ def test_a_malformed_counter_is_refused(bad):
     snap["links"]["10.0.0.2:7000"]["bytes_total"] = bad
     with pytest.raises(ValueError, match="bytes_total"):
         link_sample(snap, CounterRates(), "u", 1.0)
+
+
+def test_the_rate_is_over_the_transports_clock_not_the_answers_arrival():
+    """A loaded link delays one answer and not the next: arrival 0.2 s apart, snapshots 1 s apart."""
+    rates = CounterRates()
+    for t_transport, arrival, total in ((10.0, 50.0, 0), (11.0, 50.2, MB)):
+        snap = _snapshot(0.0)
+        snap["time_s"] = t_transport
+        snap["links"]["10.0.0.2:7000"]["bytes_total"] = total
+        goodput = link_sample(snap, rates, "u", arrival)[0]
+    assert goodput == pytest.approx(8.0 * MB)
+
+
+def test_the_transport_sends_its_clock():
+    from prfaas_sgl.transfer.stats import StatsBook
+
+    book = StatsBook()
+    book.link("10.0.0.2:7000").on_ack(MB, 0.0)
+    snap = book.snapshot()
+    assert isinstance(snap["time_s"], float) and snap["links"]["10.0.0.2:7000"]["bytes_total"] == MB
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), "now", None])
+def test_a_malformed_clock_is_refused(bad):
+    snap = _snapshot(1.0)
+    snap["time_s"] = bad
+    with pytest.raises(ValueError, match="time_s"):
+        link_sample(snap, CounterRates(), "u", 1.0)
