@@ -65,7 +65,7 @@ class Router:
         # One pooled client session for the process lifetime (no per-request sessions).
         conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
         self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False)
-        self.forwarder = Forwarder(self.cluster, self.session, self.rng)
+        self.forwarder = Forwarder(self.cluster, self.session, self.rng, self.metrics)
         self.zmq_ctx = zmq.asyncio.Context()
         for inst in self.cluster.instances.values():
             if inst.spec.kv_events and isinstance(inst.index, ExactIndex):
@@ -133,7 +133,7 @@ class Router:
             except NoInstanceError as e:
                 raise ApiError(503, str(e), "server_error", "no_healthy_instance") from e
             self.metrics.overhead.observe(time.perf_counter() - t0)
-            return await self._serve(request, req, hashes, d)
+            return await self._serve(request, req, hashes, d, t0)
         except ApiError as e:
             self.metrics.errors.labels(e.code).inc()
             return error_response(e)
@@ -143,16 +143,16 @@ class Router:
             return error_response(ApiError(500, "internal router error", "server_error", "internal_error"))
 
     async def _serve(self, request: web.Request, req: ParsedRequest, hashes: list[int],
-                     d: Decision) -> web.StreamResponse:
+                     d: Decision, t0: float) -> web.StreamResponse:
         try:
-            return await self.forwarder.attempt(req, d, self._link_share(d, len(req.tokens), hashes), request)
+            return await self.forwarder.attempt(req, d, self._link_share(d, len(req.tokens), hashes), request, t0)
         except AttemptFailed as e:
             log.warning("attempt via %s/%s failed (%s); retrying locally once", d.prefill, d.decode, e)
             self.metrics.retries.labels(d.reason).inc()
             first_error = str(e)
         try:
             d2 = self.core.retry_route(len(req.tokens), hashes, frozenset({d.prefill}), time.monotonic())
-            return await self.forwarder.attempt(req, d2, LinkShare(), request)
+            return await self.forwarder.attempt(req, d2, LinkShare(), request, t0)
         except (AttemptFailed, NoInstanceError) as e:
             raise ApiError(502, f"prefill/decode failed: {first_error}; local retry: {e}", "server_error",
                            "upstream_failed") from e

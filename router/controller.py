@@ -41,6 +41,7 @@ class ControllerUpdate:
     target_threshold: int  # the unrestricted optimum for this window
     lambda_max: float  # model Λ_max at the recommended point, req/s
     bound: str  # stage that binds at the target
+    offload_fraction: float = float("nan")  # P(L > target t): the share the model sends to PrfaaS at its optimum
 
 
 class LongTermController:
@@ -88,4 +89,4 @@ class LongTermController:
         self.threshold = max(new, 1.0)
         reason = "converged" if new == t_target else "step_limited"
         return ControllerUpdate(int(round(self.threshold)), rec, reason, int(round(t_target)), target.lam,
-                                target.bound)
+                                target.bound, target.split.p)

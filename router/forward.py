@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import random
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ import aiohttp
 from aiohttp import web
 
 from .cluster import Cluster, Instance, mark_unhealthy
+from .metrics import RouterMetrics
 from .policy import Decision
 from .requests import ParsedRequest
 
@@ -86,8 +88,9 @@ def _stream_failed(chunk: bytes) -> bool:
 
 
 class Forwarder:
-    def __init__(self, cluster: Cluster, session: aiohttp.ClientSession, rng: random.Random) -> None:
-        self.cluster, self.session, self.rng = cluster, session, rng
+    def __init__(self, cluster: Cluster, session: aiohttp.ClientSession, rng: random.Random,
+                 metrics: RouterMetrics | None = None) -> None:
+        self.cluster, self.session, self.rng, self.metrics = cluster, session, rng, metrics
         self.cfg = cluster.cfg
         self.background: set[asyncio.Task] = set()
 
@@ -154,11 +157,12 @@ class Forwarder:
         task.add_done_callback(done)
 
     async def attempt(self, req: ParsedRequest, d: Decision, kv: LinkShare,
-                      request: web.Request) -> web.StreamResponse:
+                      request: web.Request, t0: float | None = None) -> web.StreamResponse:
         """Run one PD attempt and answer the client (a server's 4xx included). Raises AttemptFailed before any
         byte is sent.
 
-        ``kv``: this attempt's KV on the inter-DC link (zero bytes for a local prefill).
+        ``kv``: this attempt's KV on the inter-DC link (zero bytes for a local prefill). ``t0``: the request's
+        arrival (time.perf_counter()), for the TTFT histogram by route.
         """
         pre_i, dec_i = self.cluster.instances[d.prefill], self.cluster.instances[d.decode]
         data = pd_body(req.body, pre_i, self.rng)
@@ -177,6 +181,8 @@ class Forwarder:
                 link.done(tid)  # decode has its KV (or the attempt is over)
             if head.resp.status == 200:
                 self._reap(pre, d)
+                if self.metrics is not None and t0 is not None:
+                    self.metrics.ttft.labels(d.route).observe(time.perf_counter() - t0)
             else:  # decode refused the request (4xx): its prefill would only wait for a decode that never comes
                 pre.cancel()
             return await self._relay(head, req, request, {ROUTE_HEADER: d.route})

@@ -31,6 +31,10 @@ class RouterMetrics:
         self.link_util = Gauge(P + "link_utilization", "link pressure: max(backlog drain time, queue delay) / budget",
                                registry=r)
         self.link_goodput = Gauge(P + "link_goodput_bps", "measured transport goodput (bits/s)", registry=r)
+        self.link_bytes_total = Counter(P + "link_bytes", "KV bytes the transports acknowledged, from their "
+                                        "counters (rate() of it is the link's goodput between scrapes)", registry=r)
+        self.link_capacity = Gauge(P + "link_capacity_bps", "configured inter-DC link capacity (bits/s)", registry=r)
+        self._link_bytes_exported = 0
         self.link_delay = Gauge(P + "link_queue_delay_seconds", "measured transport queue delay", registry=r)
         self.link_stats_ok = Gauge(P + "link_stats_ok", "1 if the last transport stats poll gave usable numbers",
                                    registry=r)
@@ -42,6 +46,12 @@ class RouterMetrics:
         self.controller_actions = Counter(P + "controller_actions", "prefill/decode split actions by actuator and "
                                           "outcome (a switch counts in_progress, then applied or failed)",
                                           ["actuator", "outcome", "reason"], registry=r)
+        self.planner_offload = Gauge(P + "planner_offload_fraction", "offload fraction at the controller's optimal t "
+                                     "(NaN until its first update)", registry=r)
+        self.planner_offload.set(float("nan"))  # NaN, not 0: "offload far from the optimum" must not fire without one
+        self.ttft = Histogram(P + "ttft_seconds", "arrival to decode's first bytes (whole answer if not streaming), "
+                              "by the route that served", ["route"], registry=r,
+                              buckets=(.05, .1, .25, .5, 1, 2, 5, 10, 20, 30, 60, 120))
         self.overhead = Histogram(P + "overhead_seconds", "request arrival to forward (parse, tokenize, route)",
                                   buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2), registry=r)
         self.window: deque[bool] = deque(maxlen=window)
@@ -69,6 +79,9 @@ class RouterMetrics:
         self.link_queued.set(view.bytes_queued)
         self.link_util.set(max(view.transfer_s(view.bytes_in_flight), view.queue_delay_s) / budget_s)
         self.link_goodput.set(link.goodput_bps)
+        self.link_bytes_total.inc(link.rates.bytes_seen - self._link_bytes_exported)
+        self._link_bytes_exported = link.rates.bytes_seen
+        self.link_capacity.set(link.capacity_bps)
         self.link_delay.set(link.queue_delay_s)
         self.link_stats_ok.set(link.stats_ok)
         for kind, n in cluster.poll_errors.items():  # a counter kept by the poller; exported as its current value

@@ -87,6 +87,8 @@ class RoutingCore:
             self.recommended_split = _split_dict(split)
             for role, n in self.recommended_split.items():
                 self.metrics.split.labels(role).set(n)
+        if getattr(upd, "offload_fraction", None) is not None:
+            self.metrics.planner_offload.set(upd.offload_fraction)
         detail = {k: getattr(upd, k) for k in ("target_threshold", "lambda_max", "bound") if hasattr(upd, k)}
         self.last_update_reason = f"{getattr(upd, 'reason', '')} {detail} split={self.recommended_split}"
         self.set_routing({"threshold": int(upd.threshold)}, why=f"controller: {self.last_update_reason}")

@@ -50,6 +50,7 @@ class ZmqSender(SocketLoop):
         self._links = LinkTable(self._new_link, cfg.max_links, cfg.link_idle_s)
         self._book = SendBook(cfg)
         self.stats = StatsBook()
+        self.stats.metrics.loop_alive.set_function(lambda: float(self.fatal is None and self._thread.is_alive()))
         self.stats_server = StatsServer(self.stats, host=stats_host, port=stats_port) if stats_port is not None else None
         self.start()
 

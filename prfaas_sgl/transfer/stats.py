@@ -114,6 +114,9 @@ class PromMetrics:
         self.latency = prom.Histogram(f"{prefix}_transfer_seconds", "first send to Done", ["peer"],
                                       registry=r, buckets=(.01, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60))
         self.failures = prom.Counter(f"{prefix}_failures", "failed transfers", ["peer", "kind"], registry=r)
+        # Read on scrape (set_function by the loop's owner): a dead loop fails every transfer while the process
+        # may still answer HTTP, so it must be visible apart from the server's /health.
+        self.loop_alive = prom.Gauge(f"{prefix}_loop_alive", "1 while the transport's loop thread runs", registry=r)
 
     def exposition(self) -> bytes:
         return prom.generate_latest(self.registry)
