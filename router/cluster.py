@@ -6,6 +6,7 @@ All state is touched only from the router's event loop (no locks). Pollers use t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ class Instance:
     pool: Pool
     index: ApproxIndex | ExactIndex
     healthy: bool = True
+    draining: bool = False  # leaving its pool (role switch): no new work, in-flight requests finish
     failed_probes: int = 0  # consecutive /health failures
     server_queued_tokens: int = 0  # /v1/loads: waiting uncached tokens (prefill) or used tokens (decode)
     server_reqs: int = 0  # /v1/loads: running + waiting requests
@@ -50,8 +52,8 @@ class Instance:
         # The server's count already includes what we sent once it arrived; max() avoids double counting
         # while still seeing load other routers put there.
         queued = max(self.server_queued_tokens, self.inflight_tokens)
-        return InstanceView(self.name, self.pool, self.healthy, queued, max(self.inflight, self.server_reqs),
-                            cached_prefix)
+        return InstanceView(self.name, self.pool, self.healthy and not self.draining, queued,
+                            max(self.inflight, self.server_reqs), cached_prefix)
 
 
 @dataclass(slots=True)
@@ -134,6 +136,26 @@ class Cluster:
 
     def pool(self, pool: Pool) -> list[Instance]:
         return [i for i in self.instances.values() if i.pool == pool]
+
+    def drain(self, name: str) -> None:
+        """Route no new work to ``name``; requests already sent there run to their end (``inflight``)."""
+        self.instances[name].draining = True
+        log.warning("instance %s drains: no new requests, %d in flight finish", name, self.instances[name].inflight)
+
+    def readmit(self, name: str, pool: Pool, spec: InstanceSpec) -> None:
+        """``name`` serves again, in ``pool`` at ``spec`` (a restarted server: empty cache, fresh load counts).
+
+        Call once the server answers /health; a server with KV events keeps its index object (its subscriber
+        holds it) and has it cleared, as SGLang's own cache is."""
+        inst = self.instances[name]
+        if isinstance(inst.index, ExactIndex):
+            inst.index.cleared()
+        else:
+            inst.index = ApproxIndex(max(1, self.cfg.prefix_capacity_tokens // self.cfg.block_size))
+        inst.spec, inst.pool = dataclasses.replace(spec, name=name), pool
+        inst.server_queued_tokens = inst.server_reqs = inst.failed_probes = 0
+        inst.healthy, inst.draining = True, False
+        log.warning("instance %s (%s) admitted into %s", name, spec.url, pool)
 
 
 # ---------------------------------------------------------------- pollers

@@ -1,0 +1,127 @@
+"""A role switch under load with real SGLang servers (issue 15): two local prefills and one decode behind the
+router; the controller recommends one more decode; the processes actuator drains a prefill, restarts it as a
+decode with the same flags and the router admits it. Every request of the load must answer HF greedy's
+tokens (0 lost), and the switched server must then decode on its own. One switch, ~20 small requests:
+~4 min on a quiet 2-core machine (three server starts, one restart).
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+
+from prfaas_sgl.launch import free_port
+from prfaas_sgl.router.actuators.base import Split
+from prfaas_sgl.router.actuators.decide import DecideConfig
+from prfaas_sgl.router.actuators.processes import LaunchedServers, ProcessesActuator
+from prfaas_sgl.router.config import InstanceSpec, RouterConfig
+from prfaas_sgl.router.controller_glue import close_loop
+
+from .conftest import HYBRID, farm_for, spec
+from .live_router import running_router
+from .pd import post
+from .prompts import prompt_ids
+from .reference import hf_greedy
+
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1200)]
+NEW = 8
+PD = dict(transfer_backend="prfaas_zmq", extra_args=("--prfaas-zmq-timeout-s", "120"))
+
+
+def _specs(log_dir):
+    return {"p0": spec(log_dir, "p0", HYBRID, mode="prefill", bootstrap_port=free_port(), **PD),
+            "p1": spec(log_dir, "p1", HYBRID, mode="prefill", bootstrap_port=free_port(), **PD),
+            "d0": spec(log_dir, "d0", HYBRID, mode="decode", **PD)}
+
+
+farm = farm_for(_specs)
+
+
+@dataclass
+class Upd:
+    threshold: int
+    recommended_split: tuple[int, int]
+    reason: str = "converged"
+
+
+class RecommendsOneMoreDecode:
+    """Stands in for the planner controller: the test is about acting, not about the recommendation."""
+
+    def observe(self, incremental_len: int, now: float) -> None: ...
+
+    def maybe_update(self, now: float) -> Upd:
+        return Upd(8192, (1, 2))
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, fn):
+    async def call():
+        return fn()
+    return asyncio.run_coroutine_threadsafe(call(), loop).result(30)
+
+
+def test_switch_under_load_loses_no_request(farm, model_paths):
+    path = model_paths["hybrid"]
+    prompts = [prompt_ids(path, 120 + 40 * i, seed=10 + i) for i in range(4)]
+    want = [hf_greedy(path, p, NEW) for p in prompts]
+
+    def inst(name: str) -> InstanceSpec:
+        s = farm[name].spec
+        return InstanceSpec(s.url, bootstrap_port=s.bootstrap_port, name=name)
+
+    cfg = RouterConfig(port=0, local_prefill=(inst("p0"), inst("p1")), decode=(inst("d0"),), policy="local_only",
+                       tokenizer_path=path, served_model_name="tiny", context_length=8192, block_size=1,
+                       health_interval_s=2.0, prefill_timeout_s=300, request_timeout_s=300)
+    with running_router(cfg) as (handle, loop):
+        router = handle.router
+
+        def wire():
+            router.core.controller = RecommendsOneMoreDecode()
+            return close_loop(router, lambda cluster, report: ProcessesActuator(
+                cluster, LaunchedServers(farm.servers), report, drain_timeout_s=120), DecideConfig(confirm=1))
+
+        acting = on_loop(loop, wire)
+
+        def one(i: int) -> list[int]:
+            k = i % len(prompts)
+            body = {"input_ids": prompts[k], "sampling_params": {"max_new_tokens": NEW, "temperature": 0.0,
+                                                                "ignore_eos": True}}
+            out = post(handle.url + "/generate", body)
+            assert out.get("output_ids") == want[k], (i, out)
+            return out["output_ids"]
+
+        stop = threading.Event()
+        sent = []
+
+        def load():
+            i = 0
+            while (not stop.is_set() or i < 8) and i < 60:  # ~1.5 s apart: a small load through the switch
+                sent.append(pool.submit(one, i))
+                i += 1
+                time.sleep(1.5)
+
+        with ThreadPoolExecutor(8) as pool:
+            feeder = threading.Thread(target=load)
+            feeder.start()
+            while len(sent) < 3:
+                time.sleep(0.1)
+            on_loop(loop, lambda: router.core.controller_tick(time.monotonic()))
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and not any(a.outcome != "in_progress" for a in acting.actions):
+                time.sleep(1)
+            stop.set()
+            feeder.join()
+            results = [f.result() for f in sent]  # raises on a lost or wrong request
+
+        assert [a.outcome for a in acting.actions] == ["in_progress", "applied"], acting.actions
+        switched = acting.actions[0].detail.split(":")[0]
+        assert on_loop(loop, lambda: acting.actuator.current()) == Split(1, 2)
+        assert router.cluster.instances[switched].pool == "decode"
+        assert len(results) >= 8
+        on_loop(loop, lambda: router.cluster.drain("d0"))  # only the switched server can decode now
+        for i in range(2):
+            one(i)
+        assert farm.servers[switched].spec.mode == "decode"
