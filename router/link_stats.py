@@ -28,6 +28,7 @@ class CounterRates:
 
     def __init__(self) -> None:
         self._last: dict[str, tuple[int, float]] = {}
+        self.bytes_seen = 0  # sum of the deltas: the router's prfaas_router_link_bytes_total
 
     def rate(self, key: str, total: int, now: float, fallback: float) -> float:
         last = self._last.pop(key, None)
@@ -36,6 +37,7 @@ class CounterRates:
             self._last.pop(next(iter(self._last)))
         if last is None or total < last[0] or now <= last[1]:
             return fallback
+        self.bytes_seen += total - last[0]
         return 8.0 * (total - last[0]) / (now - last[1])
 
 

@@ -1,15 +1,16 @@
 """Read the router's Prometheus ``/metrics`` during a run: offload fraction and link utilization.
 
 Metric names are configurable (:class:`RouterMetricNames`); the defaults are what ``router/metrics.py``
-exports (first three) plus two optional names the router may add:
+exports (the byte counter and capacity since the router reads the transports' counters; a missing one
+falls back as below):
 
 | default name | type | used for |
 |---|---|---|
 | ``prfaas_router_decisions_total{route="prfaas" or "local", reason}`` | counter | offload fraction = Δprfaas / Δall |
 | ``prfaas_router_link_utilization`` | gauge | link utilization as the router defines it |
 | ``prfaas_router_link_goodput_bps`` | gauge | link bits/s (when no byte counter) |
-| ``prfaas_router_link_bytes_total`` | counter (optional) | link bits/s between scrapes, exact |
-| ``prfaas_router_link_capacity_bps`` | gauge (optional) | utilization = bits/s / capacity, if no utilization gauge |
+| ``prfaas_router_link_bytes_total`` | counter | link bits/s between scrapes, exact |
+| ``prfaas_router_link_capacity_bps`` | gauge | utilization = bits/s / capacity, if no utilization gauge |
 
 A missing metric yields ``None`` for what depends on it, never an error: the load generator also runs
 against plain SGLang servers.

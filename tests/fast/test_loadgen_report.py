@@ -143,7 +143,8 @@ def test_sampler_reads_the_real_router_metrics():
     for route in ("prfaas", "prfaas", "prfaas", "local"):
         m.record(Decision(route, "p", "d", 100, "long" if route == "prfaas" else "short"))
     m.link_util.set(0.4)
-    m.link_goodput.set(2e9)
+    m.link_goodput.set(1e9)  # the sampled gauge; the byte counter's exact rate wins
+    m.link_bytes_total.inc(250_000_000)  # 2e9 bits over the 1 s between the scrapes
     sampler.scrapes.append(Scrape(1.0, parse_metrics(generate_latest(m.registry).decode())))
     assert sampler.offload_fraction() == pytest.approx(3 / 4)  # the decision before the run is excluded
     assert sampler.link_series() == {"t_s": [1.0], "link_bps": [2e9], "link_utilization": [0.4]}

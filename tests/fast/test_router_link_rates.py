@@ -89,3 +89,25 @@ def test_a_malformed_clock_is_refused(bad):
     snap["time_s"] = bad
     with pytest.raises(ValueError, match="time_s"):
         link_sample(snap, CounterRates(), "u", 1.0)
+
+
+def test_the_router_exports_the_bytes_it_saw_and_the_capacity(tmp_path):
+    """The load generator's exact link rate reads these two (prfaas_sgl/loadgen/prom.py); the router used
+    not to export them, so it fell back to sampling the goodput gauge."""
+    from prfaas_sgl.loadgen.prom import parse_metrics, total
+    from prfaas_sgl.router.cluster import Cluster
+    from prfaas_sgl.router.config import InstanceSpec, RouterConfig
+    from prfaas_sgl.router.metrics import RouterMetrics
+
+    (tmp_path / "tokenizer.json").write_text("{}")
+    cfg = RouterConfig(local_prefill=(InstanceSpec("http://h:1", bootstrap_port=1),),
+                       decode=(InstanceSpec("http://h:2"),), tokenizer_path=str(tmp_path), link_gbps=0.2)
+    cluster, metrics = Cluster(cfg), RouterMetrics()
+    seen = []
+    for t in POLLS:
+        link_sample(_snapshot(t), cluster.link.rates, "u", t)
+        seen.append(total(parse_metrics(metrics.render(cluster, 100, 1.0).decode()),
+                          "prfaas_router_link_bytes_total"))
+    assert seen[-1] == 10 * MB and seen == sorted(seen)
+    assert total(parse_metrics(metrics.render(cluster, 100, 1.0).decode()),
+                 "prfaas_router_link_capacity_bps") == pytest.approx(0.2e9)
