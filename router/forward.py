@@ -25,13 +25,13 @@ from aiohttp import web
 
 from .cluster import Cluster, Instance, mark_unhealthy
 from .metrics import RouterMetrics
+from .names import ROUTE_HEADER
 from .policy import Decision
 from .requests import ParsedRequest
 
 log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-ROUTE_HEADER = "x-prfaas-route"  # "prfaas" | "local": where the prefill ran (read by prfaas_sgl.loadgen)
 
 
 class AttemptFailed(Exception):

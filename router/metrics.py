@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from .cluster import Cluster
 from .policy import Decision
 
-P = "prfaas_router_"
+from .names import METRIC_PREFIX as P
 
 
 class RouterMetrics:

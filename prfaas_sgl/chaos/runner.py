@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from prfaas_sgl.netns import Link
+from prfaas_sgl.router.names import ROUTE_HEADER
 
 from .config import CampaignConfig
 from .outcome import Answer, RequestResult, classify
@@ -21,8 +22,6 @@ from .plan import PlannedRequest
 from .reference import Reference, generate_body
 from .schedule import FaultEvent
 from .topology import ZERO_RATE, Fleet, set_link_rate
-
-ROUTE_HEADER = "x-prfaas-route"
 
 
 async def post(session: aiohttp.ClientSession, url: str, body: dict, timeout_s: float) -> tuple[Answer, str]:

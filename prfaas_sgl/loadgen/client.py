@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import aiohttp
 
-ROUTE_HEADER = "x-prfaas-route"
+from prfaas_sgl.router.names import ROUTE_HEADER  # noqa: F401  (one definition, shared with the router)
 APIS = ("completions", "chat")
 
 

@@ -25,16 +25,18 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from prfaas_sgl.router import names
+
 
 @dataclass(frozen=True, slots=True)
 class RouterMetricNames:
-    requests_total: str = "prfaas_router_decisions_total"
+    requests_total: str = names.DECISIONS
     route_label: str = "route"
-    remote_route: str = "prfaas"
-    link_utilization: str = "prfaas_router_link_utilization"
-    link_bps: str = "prfaas_router_link_goodput_bps"
-    link_bytes_total: str = "prfaas_router_link_bytes_total"
-    link_capacity_bps: str = "prfaas_router_link_capacity_bps"
+    remote_route: str = names.REMOTE_ROUTE
+    link_utilization: str = names.LINK_UTILIZATION
+    link_bps: str = names.LINK_GOODPUT_BPS
+    link_bytes_total: str = names.LINK_BYTES_TOTAL
+    link_capacity_bps: str = names.LINK_CAPACITY_BPS
 
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
