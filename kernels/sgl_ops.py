@@ -1,6 +1,6 @@
 """Public tables of pure-torch stand-ins for the CPU-only `sgl_kernel` ops SGLang 0.5.23 calls.
 
-The lead's shim installs them; nothing here touches sglang or torch.library by itself.
+prfaas_sgl/cpu/shim.py installs them; nothing here touches sglang or torch.library by itself.
 
 - `MAMBA_OPS`: attributes of the `sgl_kernel.mamba` module. SGLang calls these Python functions
   directly (`layers/attention/linear/gdn_backend.py`, `kernels/gdn_triton.py`, `kda_backend.py`)

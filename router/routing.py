@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 class Controller(Protocol):
-    """The long-timescale controller (router/controller.py, see POLICY_CONTRACT.md)."""
+    """The long-timescale controller (router/controller.py; the policy's contract is in router/policy.py)."""
 
     def observe(self, incremental_len: int, now: float) -> None: ...
 

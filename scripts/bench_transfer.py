@@ -3,7 +3,7 @@
 Two processes per transport (scripts/bench_transfer_worker.py), on two paths:
   loopback   both on 127.0.0.1 (CPU-bound here: compare interleaved repetitions)
   1gbit/5gbit  sender (PrfaaS prefill) in a network namespace, receiver (decode) on the host, veth + tc tbf
-               (scripts/netns.py; needs root, skipped with a message otherwise; always removed).
+               (prfaas_sgl/netns.py; needs root, skipped with a message otherwise; always removed).
   tcp          plain one-connection TCP in the same run: the ceiling of the path under the current load.
 Payloads: `hybrid` (1T Kimi-Linear-like request, 8K tokens ≈ 307 MiB) and `dense` (GQA, ≈ 282 MiB).
 Reports goodput (Gbit/s, fraction of the tbf rate), CPU s/GB on both ends, CURVE on/off, 1-8 connections.
