@@ -66,6 +66,7 @@ class Deployment:
     transfer_backend: str = "prfaas_zmq"
     device: str = "cpu"
     server_args: tuple[str, ...] = ()
+    k8s: dict = field(default_factory=dict)  # optional [k8s] section, read by `prfaas render k8s` only
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -128,5 +129,5 @@ def parse(raw: dict) -> Deployment:
     return Deployment(
         model=dep["model"], servers=servers, router=dict(raw.get("router", {})),
         transfer_backend=dep.get("transfer_backend", DEFAULT_BACKEND.get(device, "prfaas_zmq")), device=device,
-        server_args=tuple(dep.get("server_args", ())),
+        server_args=tuple(dep.get("server_args", ())), k8s=dict(raw.get("k8s", {})),
     )
