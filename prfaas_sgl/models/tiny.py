@@ -37,9 +37,12 @@ class TinySpec:
     config: dict = field(default_factory=dict)
     seed: int = 0
     init_std: float = 0.1  # larger than HF's 0.02: peaky logits keep greedy argmax far from ties
+    drop_keys: tuple[str, ...] = ()  # config.json keys transformers writes that would mislead SGLang
+    renames: tuple[tuple[str, str], ...] = ()  # weight-name fixes after save_pretrained (substring, new)
 
     def digest(self) -> str:
-        blob = json.dumps({**asdict(self), "vocab": VOCAB_SIZE, "v": 2}, sort_keys=True).encode()
+        fields = {k: v for k, v in asdict(self).items() if v != ()}  # a spec without drop_keys keeps its hash
+        blob = json.dumps({**fields, "vocab": VOCAB_SIZE, "v": 2}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:10]
 
 
@@ -67,7 +70,54 @@ QWEN35_HYBRID = TinySpec(
     ),
 )
 
-SPECS = {s.name: s for s in (LLAMA, QWEN35_HYBRID)}
+# Kimi Linear: KDA : MLA = 3 : 1 over 8 layers (1-based `linear_attn_config` lists, as SGLang and the
+# released checkpoint read them), MLA with NoPE (`mla_use_nope`), dense MLP. transformers stores
+# `num_local_experts` as `num_experts` (256 by default): dropped, or SGLang would build MoE layers.
+KIMI_LINEAR = TinySpec(
+    name="tiny-kimi-linear",
+    architecture="KimiLinearForCausalLM",
+    config=dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=8192, q_lora_rank=None, kv_lora_rank=32,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, mla_use_nope=True,
+        mlp_layer_types=["dense"] * 8,
+        linear_attn_config=dict(kda_layers=[1, 2, 3, 5, 6, 7], full_attn_layers=[4, 8], num_heads=4,
+                                head_dim=16, short_conv_kernel_size=4),
+    ),
+    drop_keys=("num_experts",),
+    # save_pretrained reverses transformers' `.block_sparse_moe.` -> `.mlp.` load mapping for every layer;
+    # checkpoints (and SGLang) name a dense MLP `.mlp.`
+    renames=((".block_sparse_moe.", ".mlp."),),
+)
+
+# MiMo-V2-Flash-style SWA : GQA = 3 : 1 (full attention at layers 0 and 5, as transformers' default
+# pattern), dense MLP, q/k head dim 16 > v head dim 8, SWA layers with twice the KV heads and attention
+# sinks. Both readers are served from one config.json: transformers reads `layer_types`, `sliding_window`
+# (a window of 128 tokens, the current one included) and per-type `rope_parameters`; SGLang reads
+# `hybrid_layer_pattern`, `swa_*`, `rope_theta`/`partial_rotary_factor` and `sliding_window_size`, whose
+# mask `k >= q - size` spans size + 1 tokens, hence 127.
+_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+MIMO_SWA = TinySpec(
+    name="tiny-mimo-v2-swa",
+    architecture="MiMoV2FlashForCausalLM",
+    config=dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=16, v_head_dim=8, max_position_embeddings=8192,
+        sliding_window=128, sliding_window_size=127, mlp_layer_types=["dense"] * 8,
+        layer_types=["full_attention"] + ["sliding_attention"] * 4 + ["full_attention"]
+        + ["sliding_attention"] * 2,
+        # "rope_type" at the top makes SGLang's `rope_scaling` read as "no scaling"; transformers reads
+        # the per-layer-type entries
+        rope_parameters={"rope_type": "default", "full_attention": _ROPE, "sliding_attention": _ROPE},
+        rope_theta=10000.0, swa_rope_theta=10000.0, partial_rotary_factor=0.5,
+        hybrid_layer_pattern=[0, 1, 1, 1, 1, 0, 1, 1], swa_num_attention_heads=4,
+        swa_num_key_value_heads=2, swa_head_dim=16, swa_v_head_dim=8, attention_value_scale=0.707,
+        add_swa_attention_sink_bias=True, add_full_attention_sink_bias=False, layernorm_epsilon=1e-6,
+        rms_norm_eps=1e-6, moe_layer_freq=[0] * 8,
+    ),
+)
+
+SPECS = {s.name: s for s in (LLAMA, QWEN35_HYBRID, KIMI_LINEAR, MIMO_SWA)}
 
 
 def cache_dir() -> Path:
@@ -102,7 +152,8 @@ def build_tokenizer(out: Path) -> None:
 def _hf_config(spec: TinySpec, eos_id: int, pad_id: int):
     import transformers
 
-    cls = {"LlamaForCausalLM": "LlamaConfig", "Qwen3_5ForCausalLM": "Qwen3_5TextConfig"}[spec.architecture]
+    cls = {"LlamaForCausalLM": "LlamaConfig", "Qwen3_5ForCausalLM": "Qwen3_5TextConfig",
+           "KimiLinearForCausalLM": "KimiLinearConfig", "MiMoV2FlashForCausalLM": "MiMoV2FlashConfig"}[spec.architecture]
     cfg = getattr(transformers, cls)(
         vocab_size=VOCAB_SIZE, eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None,
         tie_word_embeddings=False, initializer_range=spec.init_std, **spec.config,
@@ -125,7 +176,20 @@ def build_model(spec: TinySpec, out: Path) -> None:
     # Keys SGLang reads that transformers does not write for this class.
     conf = json.loads((out / "config.json").read_text())
     conf.update({k: v for k, v in spec.config.items() if k not in conf})
+    for key in spec.drop_keys:
+        conf.pop(key, None)
     (out / "config.json").write_text(json.dumps(conf, indent=2))
+    if spec.renames:
+        _rename_weights(out / "model.safetensors", spec.renames)
+
+
+def _rename_weights(path: Path, renames: tuple[tuple[str, str], ...]) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path)
+    for old, new in renames:
+        tensors = {k.replace(old, new): v for k, v in tensors.items()}
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def ensure(name: str) -> Path:
