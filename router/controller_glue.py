@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from .actuators.base import Action, Actuator, Split
-from .actuators.decide import DecideConfig, SplitDecider
+from .actuators.decide import DecideConfig, SplitDecider, bounded
 from .config import RouterConfig
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class ActingController:
         if rec is None or self.actuator is None:
             return upd
         current = self.actuator.current()
-        move = self.decider.offer(current, Split(*rec), now)
+        move = self.decider.offer(current, bounded(tuple(rec)), now)
         if move is None:
             if self.decider.held:
                 log.info("split %s/%s kept (recommended %s): %s", current.prefill, current.decode, tuple(rec),

@@ -32,6 +32,14 @@ class Move:
     detail: str  # for the log: what was recommended, how long it was held
 
 
+def bounded(recommended: tuple[int, int]) -> Split:
+    """The planner may recommend 0 local prefills (every prefill remote); an actuator keeps >= 1 of each role
+    (a server per pool to fall back on), so the recommendation is clipped to that."""
+    n_p, n_d = recommended
+    p = min(max(int(n_p), 1), max(int(n_p + n_d) - 1, 1))
+    return Split(p, max(int(n_p + n_d) - p, 1))
+
+
 def direction(current: Split, recommended: Split) -> int:
     """+1: more local prefill recommended, -1: more decode, 0: stay."""
     return (recommended.prefill > current.prefill) - (recommended.prefill < current.prefill)

@@ -25,6 +25,12 @@ class SimConfig:
     controller: bool = False  # run the long-term controller on simulated time
     controller_interval_s: float = 60.0
     controller_max_step_frac: float = 0.25
+    controller_window: int = 4096  # incremental lengths the controller fits (ControllerConfig.window)
+    actuate: bool = False  # the controller also moves local servers between prefill and decode
+    switch_s: float = 180.0  # a moved server's restart time after its drain (model load, warm-up)
+    dwell_s: float = 600.0  # DecideConfig: seconds between moves
+    confirm: int = 2  # DecideConfig: consecutive recommendations before a move
+    max_step: int = 1  # DecideConfig: servers moved at once
     prefill: int = -1  # local prefill instances; < 0 = the planner's split
     slo_ttft_s: float = 15.0
     slo_tpot_s: float = 0.05
@@ -33,6 +39,7 @@ class SimConfig:
     block_tokens: int = 512
     kv_chunks: int = 16  # KV streams in this many chunks: only the last one's transfer follows prefill
     bandwidth_trace: tuple[tuple[float, float], ...] = ()  # (time_s, fraction of link.gbps), step function
+    phases: tuple[tuple[float, float, float], ...] = ()  # (start_s, Poisson rate, length scale): replaces arrival
     arrival: ArrivalConfig = field(default_factory=ArrivalConfig)
     prefix: PrefixConfig = field(default_factory=PrefixConfig)
 
@@ -46,6 +53,11 @@ class SimConfig:
         times = [t for t, _ in self.bandwidth_trace]
         if any(f <= 0 for _, f in self.bandwidth_trace) or times != sorted(times):
             raise ProfileError("sim.bandwidth_trace: expected [[time_s, fraction > 0], ...] sorted by time")
+        starts = [p[0] for p in self.phases]
+        if any(len(p) != 3 or p[1] <= 0 or p[2] <= 0 for p in self.phases) or starts != sorted(starts):
+            raise ProfileError("sim.phases: expected [[start_s, rate > 0, length scale > 0], ...] sorted by time")
+        if self.switch_s < 0 or self.controller_window < 1:
+            raise ProfileError("sim.switch_s must be >= 0 seconds, sim.controller_window >= 1")
 
 
 def _coerce(name: str, value, default):
@@ -79,6 +91,7 @@ def sim_config(tbl: dict, **overrides) -> SimConfig:
     arrival = _sub(ArrivalConfig, tbl.pop("arrival", {}), "sim.arrival")
     prefix = _sub(PrefixConfig, tbl.pop("prefix", {}), "sim.prefix")
     trace = tuple((float(t), float(f)) for t, f in tbl.pop("bandwidth_trace", ()))
+    phases = tuple(tuple(float(x) for x in p) for p in tbl.pop("phases", ()))
     known = {f.name: f for f in fields(SimConfig) if f.default is not MISSING}
     for k in tbl:
         if k not in known:
@@ -87,4 +100,6 @@ def sim_config(tbl: dict, **overrides) -> SimConfig:
     kw.update({k: v for k, v in overrides.items() if v is not None})
     kw.setdefault("arrival", arrival)
     kw.setdefault("prefix", prefix)
-    return SimConfig(bandwidth_trace=trace, **kw) if "bandwidth_trace" not in kw else SimConfig(**kw)
+    kw.setdefault("bandwidth_trace", trace)
+    kw.setdefault("phases", phases)
+    return SimConfig(**kw)

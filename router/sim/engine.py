@@ -16,17 +16,20 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 
+from ..actuators.decide import DecideConfig
 from ..controller import ControllerConfig, LongTermController
 from ..planner.curves import ProfileError
 from ..planner.model import System
 from ..policy import InstanceView, LinkView, ModelCost, PolicyParams, RouteInput, make_policy
 from .config import SimConfig
 from .resources import BlockLRU, DecodeServer, PrefillServer, PSLink
+from .switching import SplitMover, Switch
 from .workload import SimRequest
 
-ARRIVE, PREFILL_DONE, LINK, KV_READY, DECODE, BANDWIDTH, TICK = range(7)
+ARRIVE, PREFILL_DONE, LINK, KV_READY, DECODE, BANDWIDTH, TICK, SWITCH = range(8)
 
 
 def model_cost(sys: System) -> ModelCost:
@@ -49,6 +52,8 @@ class Sample:
     local_prefill_util: float
     decode_util: float  # mean batch / max batch
     threshold: float
+    n_prefill: int = 0  # local prefill servers serving at ``t`` (not draining, not restarting)
+    n_decode: int = 0
 
 
 class Simulator:
@@ -71,9 +76,14 @@ class Simulator:
         self.policy = make_policy(cfg.policy, params, model_cost(sys))
         self.link = PSLink(sys.link_Bps * self._bw_at(0.0))
         self.committed = 0.0  # KV bytes routed remote whose transfer has not started
-        self.ctl = (LongTermController(ControllerConfig(cfg.controller_interval_s,
+        self.ctl = (LongTermController(ControllerConfig(cfg.controller_interval_s, window=cfg.controller_window,
                                                         max_step_frac=cfg.controller_max_step_frac),
                                        sys, split, threshold) if cfg.controller else None)
+        self.draining: set[str] = set()  # servers the policy must not pick (a move drains them)
+        self.assigned: Counter[str] = Counter()  # requests routed to each decode and not finished there
+        self.retired = {"prfaas": 0.0, "local_prefill": 0.0, "decode": 0.0}  # busy / batch-s of moved servers
+        self.mover = (SplitMover(self, DecideConfig(cfg.confirm, cfg.dwell_s, cfg.max_step), cfg.switch_s)
+                      if cfg.actuate and cfg.controller else None)
         self.heap: list = []
         self.seq = 0
         self.samples: list[Sample] = []
@@ -101,7 +111,7 @@ class Simulator:
         self.push(self.cfg.sample_s, TICK)
         stop = self.end_arrivals + self.cfg.drain_s
         handlers = (self.on_arrive, self.on_prefill_done, self.on_link, self.on_kv_ready, self.on_decode,
-                    self.on_bandwidth, self.on_tick)
+                    self.on_bandwidth, self.on_tick, self.on_switch)
         while self.heap:
             now, _, kind, obj, version = heapq.heappop(self.heap)
             if now > stop:
@@ -117,9 +127,11 @@ class Simulator:
         return min(cache.match(req.hashes) * self.cfg.block_tokens, req.input_len - 1)
 
     def route_input(self, req: SimRequest, now: float) -> RouteInput:
-        views = [InstanceView(s.name, s.pool, True, s.queued_tokens, len(s.queue) + (s.current is not None),
-                              self._cached(s.cache, req)) for s in self.prefill.values()]
-        views += [InstanceView(d.name, "decode", True, 0, d.inflight(), self._cached(d.cache, req))
+        out = self.draining
+        views = [InstanceView(s.name, s.pool, s.name not in out, s.queued_tokens,
+                              len(s.queue) + (s.current is not None), self._cached(s.cache, req))
+                 for s in self.prefill.values()]
+        views += [InstanceView(d.name, "decode", d.name not in out, 0, d.inflight(), self._cached(d.cache, req))
                   for d in self.decode.values()]
         rate_bps = self.link.rate * 8
         link = LinkView(self.sys.link_Bps * 8, rate_bps, self.link.in_flight(now), 0.0, self.committed)
@@ -130,6 +142,7 @@ class Simulator:
         dec = self.policy.decide(inp)
         req.route, req.reason, req.prefill, req.decode = dec.route, dec.reason, dec.prefill, dec.decode
         req.incremental = max(dec.incremental_len, 1)
+        self.assigned[dec.decode] += 1
         if self.ctl is not None:
             self.ctl.observe(req.incremental, now)
         if dec.route == "prfaas":
@@ -200,7 +213,8 @@ class Simulator:
     def on_decode(self, now: float, d: DecodeServer, version: int) -> None:
         if version != d.version:
             return
-        d.pop_done(now)
+        for req in d.pop_done(now):
+            self.assigned[req.decode] -= 1
         self._decode_wakeup(d)
 
     # ------------------------------------------------------------ sampling and the controller
@@ -208,8 +222,9 @@ class Simulator:
         for d in self.decode.values():
             d._advance(now)
         delivered = self.link.added_bytes - self.link.in_flight(now)
-        busy = [sum(s.busy_until(now) for s in self.prefill.values() if s.pool == p) for p in ("prfaas", "local_prefill")]
-        batch = sum(d.batch_s for d in self.decode.values())
+        busy = [self.retired[p] + sum(s.busy_until(now) for s in self.prefill.values() if s.pool == p)
+                for p in ("prfaas", "local_prefill")]
+        batch = self.retired["decode"] + sum(d.batch_s for d in self.decode.values())
         t0, b0, r0, l0, d0 = self._last
         dt = now - t0
         n_r = sum(s.pool == "prfaas" for s in self.prefill.values())
@@ -217,12 +232,50 @@ class Simulator:
         self.samples.append(Sample(
             now, self.link.rate / self.sys.link_Bps, (delivered - b0) / (self.sys.link_Bps * dt),
             (busy[0] - r0) / (dt * n_r) if n_r else 0.0, (busy[1] - l0) / (dt * n_l) if n_l else 0.0,
-            (batch - d0) / (dt * self.sys.local.decode_max_batch * len(self.decode)), float(self.policy.threshold)))
+            (batch - d0) / (dt * self.sys.local.decode_max_batch * len(self.decode)), float(self.policy.threshold),
+            sum(s.name not in self.draining for s in self.prefill.values() if s.pool == "local_prefill"),
+            sum(d.name not in self.draining for d in self.decode.values())))
         self._last = (now, delivered, busy[0], busy[1], batch)
         if self.ctl is not None:
             self.ctl.observe_link(self.link.rate * 8, now)
             upd = self.ctl.maybe_update(now)
             if upd is not None:
                 self.policy.threshold = upd.threshold
+                if self.mover is not None:
+                    self.mover.offer(upd.recommended_split, now)
+        if self.mover is not None:
+            self.mover.check(now)
         if now < self.end_arrivals or any(s.current for s in self.prefill.values()):
             self.push(now + self.cfg.sample_s, TICK)
+
+    # ------------------------------------------------------------ moving servers between roles (switching.py)
+    def load_of(self, name: str) -> float:
+        """What a move would have to drain: queued tokens of a prefill, requests routed to a decode."""
+        return self.prefill[name].queued_tokens if name in self.prefill else self.assigned[name]
+
+    def idle(self, name: str) -> bool:
+        if name in self.prefill:
+            s = self.prefill[name]
+            return s.current is None and not s.queue
+        return self.assigned[name] == 0
+
+    def retire(self, name: str) -> None:
+        if name in self.prefill:
+            s = self.prefill.pop(name)
+            self.retired[s.pool] += s.busy_s
+        else:
+            self.retired["decode"] += self.decode.pop(name).batch_s  # idle: its batch_s is up to date
+        self.draining.discard(name)
+
+    def push_switch(self, t: float, sw: Switch) -> None:
+        self.push(t, SWITCH, sw)
+
+    def on_switch(self, now: float, sw: Switch, _v: int) -> None:
+        self.mover.ready(sw, now)
+
+    def add_server(self, name: str, pool: str) -> None:
+        cap, loc = self.cfg.cache_blocks, self.sys.local
+        if pool == "local_prefill":
+            self.prefill[name] = PrefillServer(name, pool, loc.prefill_s, BlockLRU(cap))
+        else:
+            self.decode[name] = DecodeServer(name, loc.decode_max_batch, loc.decode_step_s, BlockLRU(cap))

@@ -20,7 +20,8 @@ def workload(scn: Scenario, cfg: SimConfig):
         return reqs, window
     pfx = cfg.prefix if cfg.prefix.hit_rate > 0 else PrefixConfig(scn.hit_rate, scn.cached_fraction)
     pfx = replace(pfx, block_tokens=cfg.block_tokens)
-    reqs = synthetic(cfg.arrival, pfx, scn.raw_lengths, int(scn.system.output_tokens), cfg.duration_s, cfg.seed)
+    reqs = synthetic(cfg.arrival, pfx, scn.raw_lengths, int(scn.system.output_tokens), cfg.duration_s, cfg.seed,
+                     cfg.phases)
     return reqs, cfg.duration_s
 
 

@@ -93,10 +93,18 @@ class PrefixConfig:
 
 
 def synthetic(cfg: ArrivalConfig, pfx: PrefixConfig, lengths: LengthDist, output_tokens: int,
-              duration_s: float, seed: int) -> list[SimRequest]:
+              duration_s: float, seed: int, phases: tuple[tuple[float, float, float], ...] = ()) -> list[SimRequest]:
+    """Requests of ``cfg``'s arrival process; ``phases`` ((start_s, rate req/s, length scale), ...) replace it
+    with piecewise Poisson arrivals whose sampled input lengths are multiplied by the phase's scale (a traffic
+    shift: short-heavy, then long-heavy hours)."""
     rng = np.random.default_rng(seed)
-    times = arrival_times(cfg, duration_s, rng)
-    lens = np.maximum(1, np.rint(lengths.sample(rng, times.size))).astype(int)
+    if phases:
+        times, scale = phased_times(phases, duration_s, rng)
+    else:
+        times = arrival_times(cfg, duration_s, rng)
+        scale = np.ones(times.size)
+    hi = getattr(lengths, "hi", np.inf)
+    lens = np.maximum(1, np.rint(np.minimum(lengths.sample(rng, times.size) * scale, hi))).astype(int)
     shared = rng.random(times.size) < pfx.hit_rate
     group = rng.integers(0, max(pfx.groups, 1), times.size)
     reqs, unique = [], 1 << 40  # group g's block i hashes to g * 2^20 + i; unique ids start far above
@@ -107,6 +115,22 @@ def synthetic(cfg: ArrivalConfig, pfx: PrefixConfig, lengths: LengthDist, output
         unique += blocks - k
         reqs.append(SimRequest(i, float(t), int(n), int(output_tokens), hashes))
     return reqs
+
+
+def phased_times(phases: tuple[tuple[float, float, float], ...], duration_s: float,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted arrival times in [0, duration_s), each one's length scale) of piecewise Poisson phases."""
+    times, scales = [], []
+    for i, (start, rate, scale) in enumerate(phases):
+        end = min(phases[i + 1][0] if i + 1 < len(phases) else duration_s, duration_s)
+        if end <= start:
+            continue
+        t = np.sort(rng.uniform(start, end, rng.poisson(rate * (end - start))))
+        times.append(t)
+        scales.append(np.full(t.size, scale))
+    if not times:
+        return np.zeros(0), np.zeros(0)
+    return np.concatenate(times), np.concatenate(scales)
 
 
 def _field(obj: dict, key: str, lineno: int, path: Path) -> int:

@@ -121,3 +121,8 @@ def test_refused_action_is_counted_and_not_retried_at_once():
         text = generate_latest(metrics.registry).decode()
         assert 'outcome="refused",reason="more_prefill"} 1.0' in text
     asyncio.run(body())
+
+
+def test_recommendations_are_clipped_to_one_server_per_role():
+    from prfaas_sgl.router.actuators.decide import bounded
+    assert bounded((0, 8)) == Split(1, 7) and bounded((8, 0)) == Split(7, 1) and bounded((3, 5)) == Split(3, 5)
