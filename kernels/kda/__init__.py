@@ -1,0 +1,1 @@
+"""Kimi Delta Attention (Kimi Linear's linear attention): naive reference and CPU serving kernels."""
