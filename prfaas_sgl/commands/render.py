@@ -12,6 +12,7 @@ from pathlib import Path
 # target name -> module with render(dep, out) -> list[Path]
 TARGETS = {
     "k8s": "prfaas_sgl.deploy.k8s",
+    "prometheus": "prfaas_sgl.deploy.prometheus",
 }
 
 
