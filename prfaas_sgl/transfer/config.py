@@ -44,6 +44,9 @@ class TransferConfig:
     link_idle_s: a sender link unused for this long is closed (decodes come and go; each link holds
         3 sockets per connection and redials a dead peer forever).
     max_sockets: ZeroMQ socket limit per context (libzmq's default is 1023), capped by the fd limit.
+    stage_slots: ring slots of chunk_bytes each of the staged path (ItemBatch sends; pinned host memory
+        on GPUs), per sender and per receiver with a device pool: 64 × 1 MiB keeps the link busy while
+        libzmq holds sent frames, and a full ring pushes back on the stager thread, never the scheduler.
     reconnect_ivl_max_ms: ZeroMQ's reconnect back-off ceiling towards an unreachable peer.
     """
 
@@ -62,6 +65,7 @@ class TransferConfig:
     max_links: int = 64
     link_idle_s: float = 300.0
     max_sockets: int = 16384
+    stage_slots: int = 64
 
     def __post_init__(self) -> None:
         if not 1 <= self.connections <= 64:
@@ -91,6 +95,8 @@ class TransferConfig:
             raise ValueError(f"max_links={self.max_links}: keep at least 1 link")
         if self.link_idle_s <= 0:
             raise ValueError(f"link_idle_s={self.link_idle_s}: must be > 0 seconds")
+        if not 2 <= self.stage_slots <= 4096:
+            raise ValueError(f"stage_slots={self.stage_slots}: use 2..4096 ring slots of chunk_bytes")
         if not 64 <= self.max_sockets <= 1 << 20:
             raise ValueError(f"max_sockets={self.max_sockets}: use 64..1048576")
         if self.reconnect_ivl_max_ms < self.reconnect_ivl_ms:

@@ -14,7 +14,7 @@ the receiver lists all its pages up front, the sender sends pages in the same re
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -66,17 +66,19 @@ class MemoryLayout(msgspec.Struct, frozen=True):
         if r.offset < 0 or r.length <= 0 or r.offset + r.length > size:
             raise ValueError(f"region {r} outside buffer {r.buffer_id} of {size} bytes")
 
-    def mismatch(self, other: "MemoryLayout") -> str | None:
+    def mismatch(self, other: "MemoryLayout", sliced: Collection[int] = ()) -> str | None:
         """Why `other` (the peer's layout) cannot exchange data with this one, or None.
 
-        Pool sizes (`num_items`) may differ between sides; count, kind and item_len may not.
+        Pool sizes (`num_items`) may differ between sides; count, kind and item_len may not, except the
+        item_len of `sliced` buffers (KV head slices between different TP sizes: their streams carry
+        slice bytes, which the per-stream totals of Close and every chunk's bounds check instead).
         """
         if len(self.buffers) != len(other.buffers):
             return f"layout mismatch: peer has {len(other.buffers)} buffers, this side {len(self.buffers)}"
         for i, (mine, theirs) in enumerate(zip(self.buffers, other.buffers)):
             if mine.kind != theirs.kind:
                 return f"layout mismatch: buffer {i} kind peer={theirs.kind!r} here={mine.kind!r}"
-            if mine.item_len != theirs.item_len:
+            if mine.item_len != theirs.item_len and i not in sliced:
                 return (f"layout mismatch: buffer {i} ({mine.kind}) item_len (page/slot size) "
                         f"peer={theirs.item_len} B here={mine.item_len} B")
         return None

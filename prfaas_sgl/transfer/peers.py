@@ -164,6 +164,23 @@ class Link:
         self.blocked = True
         return False
 
+    def try_send_tracked(self, frames: list[Any]) -> tuple[bool, Any]:
+        """`try_send` that also returns ZeroMQ's tracker of the last frame (done once libzmq let go of
+        it: a staged slot may be reused only then); (False, None) when no socket takes it now."""
+        if self.blocked:
+            return False, None
+        n = len(self.socks)
+        for k in range(n):
+            i = (self._rr + k) % n
+            try:
+                tracker = self.socks[i].send_multipart(frames, zmq.NOBLOCK, copy=False, track=True)
+            except zmq.Again:
+                continue
+            self._rr = (i + 1) % n
+            return True, tracker
+        self.blocked = True
+        return False, None
+
     def on_monitor(self, mon: zmq.Socket) -> str | None:
         """Read one handshake event; returns a failure reason for this peer, or None."""
         ev = recv_monitor_message(mon, zmq.NOBLOCK)

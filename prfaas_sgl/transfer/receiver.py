@@ -6,6 +6,10 @@ ABORTED / TIMED_OUT with a reason. Only the connection that opened a transfer ma
 (see `recv_gate.session_of`); a message that no transfer may be failed for is refused alone: counted
 in `refusal_counts()`, logged, answered with `Failed`. After `release()` returns, nothing more is written.
 
+Destinations are byte `Region`s of host buffers (scattered with memcpy), or an `ItemBatch` (the staged
+path of issue 13, any device: `staging.Lander` writes each verified chunk with index_copy_, on a copy
+stream for device pools; Done waits until those copies completed, and release() waits for them too).
+
 Pieces: `recv_gate.py` (who may speak), `recv_checks.py` (what may be written: pure), `recv_book.py`
 (per-transfer state and deadlines); this file owns the socket, the destination memory and the order.
 """
@@ -24,6 +28,7 @@ from prfaas_sgl.transfer import faults as F
 from prfaas_sgl.transfer.buffers import register
 from prfaas_sgl.transfer.chunking import dest_streams, scatter
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
+from prfaas_sgl.transfer.items import ItemBatch, ItemStream, item_streams
 from prfaas_sgl.transfer.layout import MemoryLayout, Region
 from prfaas_sgl.transfer.loop import SocketLoop, make_socket
 from prfaas_sgl.transfer.messages import Abort, Ack, Chunk, Close, Codec, DecodeError, Done, Open, OpenAck
@@ -40,13 +45,21 @@ _DRAIN_MAX = 64  # messages handled per wake-up before deadlines are looked at a
 
 
 class ZmqReceiver(SocketLoop):
-    """Receives into `buffers` (one per `layout` entry: bytearray / numpy / (address, nbytes))."""
+    """Receives into `buffers` (one per `layout` entry: bytearray / numpy / (address, nbytes)); `devices`
+    per buffer, "cpu" (default) or "cuda:N" (device buffers take ItemBatch destinations only)."""
 
     def __init__(self, layout: MemoryLayout, buffers: Sequence[Any], cfg: TransferConfig,
-                 host: str = "127.0.0.1", port: int = 0, faults: tuple[F.Fault, ...] = ()) -> None:
+                 host: str = "127.0.0.1", port: int = 0, faults: tuple[F.Fault, ...] = (),
+                 devices: Sequence[str] | None = None) -> None:
         super().__init__("transfer-recv")
         self.layout, self.cfg = layout, cfg
-        self._views = register(layout, buffers, writable=True)
+        self._buffers, self._devices = list(buffers), list(devices or ["cpu"] * len(buffers))
+        self._views = [register(MemoryLayout((spec,)), [buf], writable=True)[0] if dev == "cpu" else None
+                       for spec, buf, dev in zip(layout.buffers, self._buffers, self._devices)]
+        if len(self._buffers) != len(layout.buffers):
+            raise ValueError(f"{len(buffers)} buffers given for a layout of {len(layout.buffers)}")
+        self._lander: Any = None  # staging.Lander, made at the first ItemBatch (torch loads only then)
+        self._settling: dict[int, InTransfer] = {}  # complete on the wire, device copies still running
         self._slow = F.find(faults, F.SlowReceiver)
         self._book = RecvBook(cfg, self._send)
         # Held around "still ours?" + scatter; release() takes it after revoking, so that once it returns
@@ -71,15 +84,21 @@ class ZmqReceiver(SocketLoop):
         self.start()
 
     # -- public API (any thread) ------------------------------------------------------------------
-    def expect(self, transfer_id: int, regions: Sequence[Region], timeout_s: float | None = None) -> None:
-        """Pre-register destination `regions` (stream order per buffer) for `transfer_id`.
+    def expect(self, transfer_id: int, regions: Sequence[Region] | ItemBatch, timeout_s: float | None = None) -> None:
+        """Pre-register destination `regions` (stream order per buffer), or an ItemBatch, for `transfer_id`.
 
         It fails when nothing arrives for `timeout_s` (default cfg.timeout_s; every accepted Open, Chunk
         and Close counts), or when it outlives `cfg.cap_s` of its bytes counted from its Open.
         """
-        for r in regions:
-            self.layout.check_region(r)
-        streams = dest_streams(regions)
+        if isinstance(regions, ItemBatch):
+            streams: dict[int, Any] = item_streams(self.layout, regions)  # vectorised checks, no per-item work
+            self._landing()
+        else:
+            for r in regions:
+                self.layout.check_region(r)
+                if self._views[r.buffer_id] is None:
+                    raise ValueError(f"buffer {r.buffer_id} is device memory: expect it as an ItemBatch")
+            streams = dest_streams(regions)
         t = InTransfer(transfer_id, streams, sum(s.total for s in streams.values()), time.monotonic(),
                        timeout_s or self.cfg.timeout_s)
         self.call_sync(self._book.add, t)
@@ -102,6 +121,8 @@ class ZmqReceiver(SocketLoop):
         if t is not None:
             with self._write_lock:
                 t.revoked = True
+                if t.copies:  # device copies already queued write until they complete: wait for them
+                    self._lander.settle(t.copies)
         try:
             self.call(self._book.release, transfer_id)
         except RuntimeError:  # the loop is gone (LoopDead): it writes nothing more, the barrier holds
@@ -129,10 +150,24 @@ class ZmqReceiver(SocketLoop):
         self._book.fail_all(f"receiver loop died: {reason}")
 
     def next_deadline(self) -> float | None:
+        if self._settling:
+            return time.monotonic() + 0.0005  # device copies finish in microseconds: look again soon
         return self._book.next_deadline()
 
     def on_tick(self, now: float) -> None:
         self._book.expire_due(now)
+        if self._settling:
+            for t in list(self._settling.values()):
+                self._maybe_complete(t)
+
+    def _landing(self) -> Any:
+        if self._lander is None:
+            from prfaas_sgl.transfer.staging import Lander, Pools
+
+            pools = Pools(self.layout, self._buffers, self._devices)
+            lander = Lander(pools, self.cfg.chunk_bytes, self.cfg.stage_slots)
+            self.call_sync(setattr, self, "_lander", lander)  # the loop reads it: set it there
+        return self._lander
 
     def on_event(self, sock: zmq.Socket, events: int) -> None:
         for _ in range(_DRAIN_MAX):
@@ -173,7 +208,8 @@ class ZmqReceiver(SocketLoop):
         t.sender, t.session = src.ident, src.session
         t.progress = time.monotonic()
         t.opened = t.opened or t.progress
-        problem = (self.layout.mismatch(msg.layout)
+        sliced = [b for b, s in t.streams.items() if isinstance(s, ItemStream) and s.head is not None]
+        problem = (self.layout.mismatch(msg.layout, sliced)
                    or chunk_size_problem(msg.chunk_bytes, self._max_frame, self.cfg.chunk_bytes))
         if problem:
             self._book.finish(t, S.FAILED, problem)
@@ -207,7 +243,11 @@ class ZmqReceiver(SocketLoop):
         with self._write_lock:
             if t.revoked:
                 return False
-            scatter(self._views[msg.buffer_id], t.streams[msg.buffer_id], msg.offset, views)
+            stream = t.streams[msg.buffer_id]
+            if isinstance(stream, ItemStream):
+                self._lander.write(t.copies, msg.buffer_id, stream, msg.offset, views)
+            else:
+                scatter(self._views[msg.buffer_id], stream, msg.offset, views)
             return True
 
     def _on_close(self, src: From, msg: Close, _: list) -> None:
@@ -234,13 +274,24 @@ class ZmqReceiver(SocketLoop):
         self._book.set(t, S.ABORTED, f"aborted by sender: {msg.reason}")
 
     def _maybe_complete(self, t: InTransfer) -> None:
-        """DONE when Close has come, all its chunks have, and every stream byte was written (coverage)."""
+        """DONE when Close has come, all its chunks have, every stream byte was written (coverage), and
+        every device copy of them completed."""
+        if t.state.terminal:
+            self._settling.pop(t.tid, None)
+            return
         if t.close is None or len(t.seqs) != t.close.nchunks:
             return
         problem = gap_problem(t)
         if problem:
             self._book.finish(t, S.FAILED, problem)
             return
+        if t.copies:
+            with self._write_lock:
+                settled = self._lander.settled(t.copies)
+            if not settled:
+                self._settling[t.tid] = t
+                return
+        self._settling.pop(t.tid, None)
         self._book.set(t, S.DONE)
         self._send(t.sender, Done(transfer_id=t.tid, nbytes=t.nbytes))
 

@@ -39,6 +39,7 @@ class InTransfer:
     nbytes: int = 0
     close: Close | None = None
     revoked: bool = False  # released: its pages may belong to someone else; written under the write lock
+    copies: list = field(default_factory=list)  # device copies (events) not known complete; write lock
 
 
 class RecvBook:

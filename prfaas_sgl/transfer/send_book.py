@@ -14,7 +14,9 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prfaas_sgl.transfer.config import TransferConfig
 from prfaas_sgl.transfer.messages import Abort, Ack, Done, Failed, Message, OpenAck
@@ -46,8 +48,11 @@ class OutTransfer:
 class SendBook:
     """The sender's transfers by id; loop thread only, except `status` (read by `poll()`)."""
 
-    def __init__(self, cfg: TransferConfig) -> None:
+    def __init__(self, cfg: TransferConfig, on_drop: Callable[[Any], None] | None = None,
+                 on_terminal: Callable[[int], None] | None = None) -> None:
         self.cfg = cfg
+        self._on_drop = on_drop  # a job dropped unsent (staged slots go back to their ring)
+        self._on_terminal = on_terminal  # a transfer's status just became terminal
         self.transfers: dict[int, OutTransfer] = {}
         self.status: dict[int, TransferStatus] = {}
         # non-terminal subset of transfers, the only ones whose deadlines need checking
@@ -69,16 +74,30 @@ class SendBook:
             self.active[t.tid] = t
         t.link.attach(t.tid, time.monotonic(), live=not state.terminal)
         self.status[t.tid] = TransferStatus(state, reason, t.acked)
+        if state.terminal and self._on_terminal is not None:
+            try:
+                self._on_terminal(t.tid)
+            except Exception:  # a listener's bug must not break the bookkeeping
+                log.exception("transfer %d: on_terminal callback failed", t.tid)
 
     def fail(self, t: OutTransfer, state: S, reason: str, notify: bool) -> None:
         """End `t` in `state`: drop its queued jobs, return its window; `notify` tells the receiver."""
-        t.jobs.clear()
+        self.drop_jobs(t)
         t.link.forget(t.inflight)
         t.inflight = 0
         t.link.stats.on_failure(state.value)
         self.set(t, state, reason)
         if notify:
             t.link.control.append(Abort(transfer_id=t.tid, reason=reason))
+
+    def drop_jobs(self, t: OutTransfer) -> None:
+        jobs, t.jobs = list(t.jobs), collections.deque()
+        if self._on_drop is not None:
+            for job in jobs:
+                try:
+                    self._on_drop(job)
+                except Exception:
+                    log.exception("transfer %d: dropping a queued job failed", t.tid)
 
     def contain(self, tid: int, what: str, err: Exception) -> None:
         """An unexpected error while handling `tid`: fail that transfer only, keep the loop running."""

@@ -1,7 +1,8 @@
 """What the sender puts on the wire: msgpack headers plus zero-copy views of source memory.
 
 A chunk is `[header, *data]`, one data frame per source segment of its `ChunkPlan` (a view into the
-registered buffer, never a copy), so no frame exceeds `chunk_bytes`. Test faults (a corrupted chunk,
+registered buffer, never a copy), or one frame per staged ring slot (`staged`, issue 13), so no frame
+exceeds `chunk_bytes`. Test faults (a corrupted chunk,
 a foreign protocol version) are applied here and nowhere else.
 """
 
@@ -15,6 +16,7 @@ import xxhash
 
 from prfaas_sgl.transfer import faults as F
 from prfaas_sgl.transfer.chunking import ChunkPlan
+from prfaas_sgl.transfer.items import StagePlan
 from prfaas_sgl.transfer.messages import Chunk, Close, Codec, Message
 
 
@@ -43,6 +45,12 @@ class FrameMaker:
         frames = [self._views[plan.buffer_id][off: off + n] for off, n in plan.segments]
         header = self.stamp(self.chunk_header(tid, seq, plan, frames))
         return [self.encode(header), *self._maybe_corrupt(header, frames)]
+
+    def staged(self, tid: int, seq: int, plan: StagePlan, data: memoryview) -> list[Any]:
+        """Frames of staged chunk `seq`: header (the stager's checksum of the slot), then the slot."""
+        header = self.stamp(Chunk(transfer_id=tid, seq=seq, buffer_id=plan.buffer_id, offset=plan.offset,
+                                  length=plan.length, nframes=1, checksum=plan.checksum))
+        return [self.encode(header), *self._maybe_corrupt(header, [data])]
 
     def chunk_header(self, tid: int, seq: int, plan: ChunkPlan, frames: list[memoryview]) -> Chunk:
         h = xxhash.xxh3_64()

@@ -5,8 +5,14 @@ one zero-copy view of source memory, while the peer's window has credit ─▶ C
 ─(wait Done)─▶ DONE. Source memory must stay unchanged until the transfer is terminal. A link's
 connections carry its secret token in their ROUTING_IDs, so only this link can feed its transfers.
 
+Two kinds of send(): byte `Region`s of host buffers (each chunk = zero-copy views of source memory), or
+an `ItemBatch` (the staged path the SGLang backend uses on every device, issue 13: the loop plans chunks
+of item ids in O(chunks), `staging.Stager` gathers each into a ring slot on its own thread, and the loop
+sends each staged slot as one tracked zero-copy frame). Both give the same wire messages.
+
 Pieces: `peers.py` (links: sockets, window, queue), `send_book.py` (per-transfer state and deadlines),
-`send_frames.py` (headers and zero-copy frames); this file wires them to the loop and the API.
+`send_frames.py` (headers and zero-copy frames), `items.py` + `staging.py` (the staged path); this file
+wires them to the loop and the API.
 An unexpected error while handling one transfer fails that transfer only; if the loop thread itself
 dies, every pending transfer reads FAILED and `fatal` names the cause.
 """
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
@@ -24,6 +30,7 @@ from prfaas_sgl.transfer import faults as F
 from prfaas_sgl.transfer.buffers import register
 from prfaas_sgl.transfer.chunking import plan_chunks
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
+from prfaas_sgl.transfer.items import ItemBatch, StagePlan, plan_items
 from prfaas_sgl.transfer.layout import MemoryLayout, Region
 from prfaas_sgl.transfer.loop import LoopDead, SocketLoop, make_context
 from prfaas_sgl.transfer.messages import Codec, DecodeError, Failed, Open
@@ -37,34 +44,50 @@ log = logging.getLogger(__name__)
 
 
 class ZmqSender(SocketLoop):
-    """Sends from `buffers` (one per `layout` entry) to any number of `ZmqReceiver` peers."""
+    """Sends from `buffers` (one per `layout` entry) to any number of `ZmqReceiver` peers.
+
+    devices: per buffer, "cpu" (default) or "cuda:N" (then the buffer is `(device address, nbytes)` and
+    only ItemBatch sends may read it). on_terminal(tid): called on the loop thread whenever a transfer's
+    status becomes terminal (the prefill's watch thread waits on it instead of polling).
+    """
 
     def __init__(self, layout: MemoryLayout, buffers: Sequence[Any], cfg: TransferConfig,
                  faults: tuple[F.Fault, ...] = (), stats_port: int | None = None,
-                 stats_host: str = "127.0.0.1") -> None:
+                 stats_host: str = "127.0.0.1", devices: Sequence[str] | None = None,
+                 on_terminal: Callable[[int], None] | None = None) -> None:
         super().__init__("transfer-send")
         self.layout, self.cfg = layout, cfg
-        self._frames = FrameMaker(register(layout, buffers, writable=False), faults)
+        self._buffers, self._devices = list(buffers), list(devices or ["cpu"] * len(buffers))
+        host = [b if d == "cpu" else bytearray(0) for b, d in zip(buffers, self._devices)]
+        self._host_views = [d == "cpu" for d in self._devices]
+        self._frames = FrameMaker(_register_host(layout, host, self._host_views), faults)
+        self._stager: Any = None  # staging.Stager, made at the first ItemBatch (torch loads only then)
         self._ctx = make_context(cfg)
         self._codec = Codec()  # replies
         self._links = LinkTable(self._new_link, cfg.max_links, cfg.link_idle_s)
-        self._book = SendBook(cfg)
+        self._book = SendBook(cfg, on_drop=self._drop_job, on_terminal=on_terminal)
         self.stats = StatsBook()
         self.stats.metrics.loop_alive.set_function(lambda: float(self.fatal is None and self._thread.is_alive()))
         self.stats_server = StatsServer(self.stats, host=stats_host, port=stats_port) if stats_port is not None else None
         self.start()
 
     # -- public API (any thread; never blocks on the network) --------------------------------------
-    def send(self, transfer_id: int, peer: PeerInfo, regions: Sequence[Region], last: bool = False,
+    def send(self, transfer_id: int, peer: PeerInfo, regions: Sequence[Region] | ItemBatch, last: bool = False,
              timeout_s: float | None = None) -> None:
-        """Queue `regions` (stream order per buffer) of `transfer_id` for `peer`; `last` closes it.
+        """Queue `regions` (stream order per buffer) or an `ItemBatch` of `transfer_id` for `peer`; `last`
+        closes it. An ItemBatch costs the caller O(1): its ids are read and checked on the stager thread
+        (a bad id fails the transfer there).
 
         The first call opens the transfer with no-progress deadline `timeout_s` (default cfg.timeout_s);
         every call counts as progress. Never raises for a dead loop: `poll()` reports it.
         """
-        for r in regions:
-            self.layout.check_region(r)
-        self._call(self._send, transfer_id, peer, list(regions), last, timeout_s or self.cfg.timeout_s)
+        if not isinstance(regions, ItemBatch):
+            for r in regions:
+                self.layout.check_region(r)
+                if not self._host_views[r.buffer_id]:
+                    raise ValueError(f"buffer {r.buffer_id} is device memory: send it as an ItemBatch")
+            regions = list(regions)
+        self._call(self._send, transfer_id, peer, regions, last, timeout_s or self.cfg.timeout_s)
 
     def poll(self, transfer_id: int) -> TransferStatus:
         status = self._book.status.get(transfer_id, UNKNOWN_STATUS)
@@ -89,6 +112,8 @@ class ZmqSender(SocketLoop):
 
     def close(self) -> None:
         self.stop()
+        if self._stager is not None:
+            self._stager.close()
         if self.stats_server is not None:
             self.stats_server.close()
         if self._thread.is_alive():
@@ -104,13 +129,15 @@ class ZmqSender(SocketLoop):
                 raise  # used after close(): a caller bug
 
     # -- loop thread: API handlers ----------------------------------------------------------------
-    def _send(self, tid: int, peer: PeerInfo, regions: list[Region], last: bool, timeout_s: float) -> None:
+    def _send(self, tid: int, peer: PeerInfo, regions: list[Region] | ItemBatch, last: bool,
+              timeout_s: float) -> None:
         try:
             self._queue(tid, peer, regions, last, timeout_s)
         except Exception as e:
             self._book.contain(tid, "send", e)
 
-    def _queue(self, tid: int, peer: PeerInfo, regions: list[Region], last: bool, timeout_s: float) -> None:
+    def _queue(self, tid: int, peer: PeerInfo, regions: list[Region] | ItemBatch, last: bool,
+               timeout_s: float) -> None:
         t = self._book.transfers.get(tid)
         if t is None:
             t = self._open(tid, peer, timeout_s)
@@ -123,7 +150,11 @@ class ZmqSender(SocketLoop):
             self._book.fail(t, S.FAILED, f"bad send for transfer {tid}: {why}", notify=True)
             return
         now = time.monotonic()
-        plans = plan_chunks(regions, t.stream_pos, self.cfg.chunk_bytes)
+        if isinstance(regions, ItemBatch):
+            plans: list[Any] = plan_items(self.layout, regions, t.stream_pos, self.cfg.chunk_bytes)
+            self._staging().submit(plans)
+        else:
+            plans = plan_chunks(regions, t.stream_pos, self.cfg.chunk_bytes)
         t.jobs.extend((c, now) for c in plans)
         t.queued += sum(c.length for c in plans)
         t.progress = now
@@ -156,6 +187,25 @@ class ZmqSender(SocketLoop):
         t.link.control.append(self._frames.stamp(Open(transfer_id=tid, layout=self.layout,
                                                       chunk_bytes=self.cfg.chunk_bytes)))
         return t
+
+    def _staging(self) -> Any:
+        if self._stager is None:
+            from prfaas_sgl.transfer.staging import Pools, Stager
+
+            pools = Pools(self.layout, self._buffers, self._devices)
+            self._stager = Stager(pools, self.cfg.chunk_bytes, self.cfg.stage_slots, self._wake_loop)
+        return self._stager
+
+    def _wake_loop(self) -> None:
+        try:
+            self.call(_nothing)  # a staged slot is ready: the loop sends it now, not at its next poll
+        except LoopDead:
+            pass
+
+    def _drop_job(self, job: Any) -> None:
+        """A failed transfer's queued job: a staged slot goes back to the ring."""
+        if job is not CLOSE and isinstance(job[0], StagePlan):
+            self._stager.cancel(job[0])
 
     def _new_link(self, peer: PeerInfo) -> Link:
         return open_link(self._ctx, self.cfg, peer, self.stats.link(peer.key()), time.monotonic())
@@ -245,6 +295,8 @@ class ZmqSender(SocketLoop):
         if job is CLOSE:
             return link.try_send(self._frames.close(t.tid, t.next_seq, t.stream_pos))
         plan, queued_at = job
+        if isinstance(plan, StagePlan):
+            return self._try_staged(link, t, plan, queued_at)
         if not link.has_credit(plan.length):
             return False
         if not link.try_send(self._frames.chunk(t.tid, t.next_seq, plan)):
@@ -253,3 +305,34 @@ class ZmqSender(SocketLoop):
         t.inflight += plan.length
         link.on_sent(plan.length, time.monotonic() - queued_at)
         return True
+
+    def _try_staged(self, link: Link, t: OutTransfer, plan: StagePlan, queued_at: float) -> bool:
+        from prfaas_sgl.transfer.staging import FAILED, STAGED
+
+        if plan.state == FAILED:
+            self._book.fail(t, S.FAILED, f"transfer {t.tid}: {plan.prep.error}", notify=True)
+            return True
+        if plan.state != STAGED or not link.has_credit(plan.length):
+            return False  # the stager wakes the loop when it is; Acks return credit
+        frames = self._frames.staged(t.tid, t.next_seq, plan, self._stager.frame(plan))
+        sent, tracker = link.try_send_tracked(frames)
+        if not sent:
+            return False
+        self._stager.sent(plan, tracker)
+        t.next_seq += 1
+        t.inflight += plan.length
+        link.on_sent(plan.length, time.monotonic() - queued_at)
+        return True
+
+
+def _nothing() -> None:
+    pass
+
+
+def _register_host(layout: MemoryLayout, buffers: list[Any], host: list[bool]) -> list[memoryview]:
+    """Zero-copy views of the host buffers (device buffers get an empty view: regions may not name them)."""
+    views = []
+    for b, (buf, is_host) in enumerate(zip(buffers, host)):
+        views.append(register(MemoryLayout((layout.buffers[b],)), [buf], writable=False)[0] if is_host
+                     else memoryview(b""))
+    return views

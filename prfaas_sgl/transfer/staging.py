@@ -1,0 +1,399 @@
+"""The staged data path (issue 13): the same code on host memory (CI) and on CUDA pools.
+
+Prefill (`Stager`, one thread per sender, never the scheduler's or the socket loop's):
+
+    plans (loop thread) ─▶ wait SGLang's events ─▶ index_select items of one buffer into a slot
+       (CUDA: on a side stream into device scratch, then D2H into a pinned ring slot) ─▶ event sync
+       ─▶ xxh3 of the slot ─▶ STAGED: the loop sends the slot as ONE zero-copy frame (tracked)
+
+A ring slot is free again only when ZeroMQ's tracker says libzmq let go of the frame, or when its plan
+is dropped (transfer failed / released) before being sent — never while ZeroMQ still owns it.
+
+Decode (`Lander`, on the receiver's loop thread, under its write lock): a verified chunk's bytes go
+straight from the frame into the host pool (index_copy_), or, for a device pool, through a pinned
+receive-ring slot, H2D and index_copy_ on a copy stream with one event per chunk; `settled()` says when
+every copy of a transfer has completed, and only then is Done sent. `settle()` (release) waits for them.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import xxhash
+
+from prfaas_sgl.transfer.items import HeadSlice, ItemStream, StagePlan, as_index, check_items, spans
+from prfaas_sgl.transfer.layout import MemoryLayout
+
+log = logging.getLogger(__name__)
+PENDING, STAGING, STAGED, SENT, CANCELLED, FAILED = range(6)
+STAGE_BATCH = 8  # plans staged per device sync (D2H of one batch overlaps the network of the last)
+
+
+class _DevicePtr:
+    """`__cuda_array_interface__` over a raw device pointer, so torch can view SGLang's pool in place."""
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 3, "strides": None}
+
+
+def pool_tensor(buf: Any, device: str = "cpu") -> torch.Tensor:
+    """A flat uint8 tensor over registered memory, never a copy: `(address, nbytes)` (host or device,
+    as `device` says), a torch tensor, a numpy array, or a writable buffer (bytearray, memoryview)."""
+    if isinstance(buf, torch.Tensor):
+        return buf.reshape(-1).view(torch.uint8)
+    if isinstance(buf, tuple):
+        ptr, nbytes = buf
+        if device.startswith("cuda"):
+            return torch.as_tensor(_DevicePtr(int(ptr), int(nbytes)), device=device)
+        return torch.frombuffer((ctypes.c_ubyte * int(nbytes)).from_address(int(ptr)), dtype=torch.uint8)
+    if isinstance(buf, np.ndarray):
+        return torch.from_numpy(buf.reshape(-1).view(np.uint8))
+    return torch.frombuffer(buf, dtype=torch.uint8)
+
+
+def item_view(pool: torch.Tensor, num_items: int, item_len: int, head: HeadSlice | None) -> torch.Tensor:
+    """`pool` as [num_items, item_len], or with `head` as [num_items, rows, count, unit] (a strided view)."""
+    v = pool[: num_items * item_len].view(num_items, item_len)
+    if head is None:
+        return v
+    return v.view(num_items, head.rows, head.heads, head.unit)[:, :, head.start: head.start + head.count]
+
+
+def is_cuda(device: str) -> bool:
+    return device.startswith("cuda")
+
+
+class Pools:
+    """One side's registered buffers as tensors (`devices[b]`: "cpu" or "cuda:N" per buffer)."""
+
+    def __init__(self, layout: MemoryLayout, buffers: Sequence[Any], devices: Sequence[str] | None) -> None:
+        self.layout = layout
+        self.devices = list(devices or ["cpu"] * len(buffers))
+        if len(self.devices) != len(buffers):
+            raise ValueError(f"{len(self.devices)} devices given for {len(buffers)} buffers")
+        self.tensors = [pool_tensor(b, d) for b, d in zip(buffers, self.devices)]
+        for i, (t, spec) in enumerate(zip(self.tensors, layout.buffers)):
+            if t.numel() < spec.nbytes:
+                raise ValueError(f"buffer {i} has {t.numel()} bytes, layout needs {spec.nbytes}")
+        self.cuda = sorted({d for d in self.devices if is_cuda(d)})
+
+    def view(self, b: int, head: HeadSlice | None) -> torch.Tensor:
+        spec = self.layout.buffers[b]
+        return item_view(self.tensors[b], spec.num_items, spec.item_len, head)
+
+
+class Ring:
+    """`nslots` host slots of `slot_bytes` (pinned when a GPU reads or writes them)."""
+
+    def __init__(self, nslots: int, slot_bytes: int, pinned: bool) -> None:
+        self.slot_bytes = slot_bytes
+        self.host = torch.empty(nslots * slot_bytes, dtype=torch.uint8, pin_memory=pinned)
+        self.arrays = self.host.numpy().reshape(nslots, slot_bytes)  # zero-copy frames come from here
+        self.free: collections.deque[int] = collections.deque(range(nslots))
+        self.nslots = nslots
+
+    def slot(self, i: int, n: int) -> torch.Tensor:
+        return self.host[i * self.slot_bytes: i * self.slot_bytes + n]
+
+    @property
+    def in_use(self) -> int:
+        return self.nslots - len(self.free)
+
+
+class Stager:
+    """Prefill: stages `StagePlan`s into ring slots on its own thread; `wake()` tells the socket loop."""
+
+    def __init__(self, pools: Pools, slot_bytes: int, nslots: int, wake: Callable[[], None]) -> None:
+        self.pools = pools
+        self.ring = Ring(nslots, slot_bytes, pinned=bool(pools.cuda))
+        self._wake = wake
+        self._lock = threading.Condition()
+        self._todo: collections.deque[StagePlan] = collections.deque()
+        self._zmq: collections.deque[tuple[int, Any]] = collections.deque()  # (slot, tracker) owned by ZeroMQ
+        self._stop = False
+        self._cuda = _CudaSide(pools.cuda[0], STAGE_BATCH * slot_bytes) if pools.cuda else None
+        self._thread = threading.Thread(target=self._run, name="transfer-stage", daemon=True)
+        self._thread.start()
+
+    # -- loop thread -----------------------------------------------------------------------------------
+    def submit(self, plans: Sequence[StagePlan]) -> None:
+        with self._lock:
+            self._todo.extend(plans)
+            self._lock.notify_all()
+
+    def cancel(self, plan: StagePlan) -> None:
+        """`plan` will never be sent: its slot returns now, or when the stager is done with it."""
+        with self._lock:
+            if plan.state == STAGED:
+                self.ring.free.append(plan.slot)
+                self._lock.notify_all()
+            if plan.state != SENT:
+                plan.state, plan.slot = CANCELLED, None
+
+    def sent(self, plan: StagePlan, tracker: Any) -> None:
+        """ZeroMQ took `plan`'s frame: the slot is free once `tracker` (None = copied) says it let go."""
+        with self._lock:
+            if tracker is None or tracker.done:
+                self.ring.free.append(plan.slot)
+                self._lock.notify_all()
+            else:
+                self._zmq.append((plan.slot, tracker))
+            plan.state, plan.slot = SENT, None
+
+    def frame(self, plan: StagePlan) -> memoryview:
+        return memoryview(self.ring.arrays[plan.slot, : plan.length])
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._lock.notify_all()
+        self._thread.join(5.0)
+
+    # -- stager thread ---------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            try:
+                self._stage(batch)
+            except Exception as e:  # one bad batch fails its transfers, not the thread
+                log.exception("staging failed")
+                self._fail(batch, f"staging failed: {type(e).__name__}: {e}")
+            self._wake()
+
+    def _take(self) -> list[tuple[StagePlan, int]] | None:
+        """Up to STAGE_BATCH pending plans with a free slot each (waits for work and for slots)."""
+        with self._lock:
+            while not self._stop:
+                while self._todo and self._todo[0].state == CANCELLED:
+                    self._todo.popleft()
+                self._reclaim()
+                if self._todo and self.ring.free:
+                    out = []
+                    while self._todo and self.ring.free and len(out) < STAGE_BATCH:
+                        plan = self._todo.popleft()
+                        if plan.state == PENDING:
+                            plan.state = STAGING
+                            out.append((plan, self.ring.free.popleft()))
+                    if out:
+                        return out
+                    continue
+                # ring full: slots come back as libzmq lets go of frames (trackers), so poll briefly
+                self._lock.wait(0.001 if self._todo else 0.5)
+            return None
+
+    def _reclaim(self) -> None:
+        keep = collections.deque()
+        for slot, tracker in self._zmq:
+            (self.ring.free if tracker.done else keep).append(slot if tracker.done else (slot, tracker))
+        self._zmq = keep
+
+    def _stage(self, batch: list[tuple[StagePlan, int]]) -> None:
+        for plan, _ in batch:
+            _prepare(plan, self.pools)
+        if self._cuda is not None:
+            self._cuda.stage(self.pools, self.ring, batch)
+        else:
+            for plan, slot in batch:
+                _gather(self.pools, plan, self.ring.slot(slot, plan.length))
+        sums = [xxhash.xxh3_64_intdigest(self.ring.arrays[slot, : plan.length]) for plan, slot in batch]
+        with self._lock:
+            for (plan, slot), checksum in zip(batch, sums):
+                if plan.state == CANCELLED:
+                    self.ring.free.append(slot)
+                else:
+                    plan.slot, plan.checksum, plan.state = slot, checksum, STAGED
+
+    def _fail(self, batch: list[tuple[StagePlan, int]], reason: str) -> None:
+        with self._lock:
+            for plan, slot in batch:
+                self.ring.free.append(slot)
+                if plan.state != CANCELLED:
+                    plan.state, plan.slot = FAILED, None
+                    plan.prep.error = plan.prep.error or reason
+
+
+def _prepare(plan: StagePlan, pools: Pools) -> None:
+    """First plan of a send(): wait for SGLang's events, read and check its item ids (once per send)."""
+    prep = plan.prep
+    if prep.error:
+        raise RuntimeError(prep.error)
+    if prep.indices is not None:
+        return
+    try:
+        if prep.batch.ready is not None:
+            prep.ready_s = _timed(prep.batch.ready)
+        indices = []
+        for g in prep.batch.groups:
+            index = as_index(g.index)
+            check_items(pools.layout, g, index)
+            indices.append(index)
+        prep.indices = indices
+    except Exception as e:
+        prep.error = f"{type(e).__name__}: {e}"
+        raise
+
+
+def _timed(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _device_index(plan: StagePlan, device: str) -> torch.Tensor:
+    prep = plan.prep
+    key = (plan.group_pos, device)
+    t = prep.device_indices.get(key)
+    if t is None:
+        t = torch.from_numpy(prep.indices[plan.group_pos]).to(device)
+        prep.device_indices[key] = t
+    return t
+
+
+def _gather(pools: Pools, plan: StagePlan, out: torch.Tensor) -> None:
+    """Stream bytes of `plan` into `out` (flat uint8, plan.length bytes, on the pool's device)."""
+    b, g = plan.buffer_id, plan.group
+    view = pools.view(b, g.head)
+    if plan.piece:
+        item = int(plan.prep.indices[plan.group_pos][plan.first])
+        out.copy_(view[item].reshape(-1)[plan.start: plan.start + plan.length])
+        return
+    index = _device_index(plan, pools.devices[b])[plan.first: plan.first + plan.count]
+    torch.index_select(view, 0, index, out=out.view(plan.count, *view.shape[1:]))
+
+
+class _CudaSide:
+    """The device half of a Stager: a low-priority side stream and device scratch for one batch."""
+
+    def __init__(self, device: str, nbytes: int) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device, priority=0)
+        self.scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def stage(self, pools: Pools, ring: Ring, batch: list[tuple[StagePlan, int]]) -> None:
+        with torch.cuda.stream(self.stream):
+            for ev in {id(e): e for plan, _ in batch for e in plan.prep.batch.events}.values():
+                self.stream.wait_event(ev)  # SGLang's early-send wait_event: the forward may still write
+            pos = 0
+            for plan, slot in batch:
+                host = ring.slot(slot, plan.length)
+                if is_cuda(pools.devices[plan.buffer_id]):
+                    dev = self.scratch[pos: pos + plan.length]
+                    _gather(pools, plan, dev)
+                    host.copy_(dev, non_blocking=True)
+                    pos += plan.length
+                else:  # aux rows live in host memory on GPU servers too
+                    _gather(pools, plan, host)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        done.synchronize()  # releases the GIL; the checksum needs the bytes on the host
+
+
+class Lander:
+    """Decode: writes verified chunk bytes into item streams (see the module docstring). Callers hold
+    the receiver's write lock around every method."""
+
+    def __init__(self, pools: Pools, slot_bytes: int, nslots: int) -> None:
+        self.pools = pools
+        self.ring = Ring(nslots, slot_bytes, pinned=True) if pools.cuda else None
+        self._dev = ({d: torch.empty(nslots * slot_bytes, dtype=torch.uint8, device=d) for d in pools.cuda}
+                     if pools.cuda else {})
+        self._streams = {d: torch.cuda.Stream(device=d) for d in pools.cuda}
+        self._pending: collections.deque[tuple[Any, int]] = collections.deque()  # (event, slot), FIFO
+
+    def write(self, copies: list, b: int, stream: ItemStream, offset: int, frames: Sequence[memoryview]) -> None:
+        """Write `frames` (consecutive stream bytes of buffer `b` from `offset`); device copies are
+        appended to `copies` (the transfer's pending list) as events."""
+        device = self.pools.devices[b]
+        for f in frames:
+            src = torch.frombuffer(f, dtype=torch.uint8) if len(f) else None
+            if src is None:
+                continue
+            if is_cuda(device):
+                copies.append(self._write_device(b, stream, offset, src, device))
+            else:
+                apply_spans(self.pools, b, stream, offset, src)
+            offset += len(f)
+
+    def _write_device(self, b: int, stream: ItemStream, offset: int, src: torch.Tensor, device: str) -> Any:
+        slot = self._slot()
+        n = src.numel()
+        host = self.ring.slot(slot, n)
+        host.copy_(src)  # out of libzmq's frame now: the frame may be freed, the H2D reads pinned memory
+        cs = self._streams[device]
+        with torch.cuda.stream(cs):
+            dev = self._dev[device][slot * self.ring.slot_bytes: slot * self.ring.slot_bytes + n]
+            dev.copy_(host, non_blocking=True)
+            apply_spans(self.pools, b, stream, offset, dev)
+            ev = torch.cuda.Event()
+            ev.record(cs)
+        self._pending.append((ev, slot))
+        return ev
+
+    def _slot(self) -> int:
+        self.reclaim()
+        while not self.ring.free:  # ring full: wait for the oldest copy (bounded: one chunk's H2D)
+            ev, slot = self._pending.popleft()
+            ev.synchronize()
+            self.ring.free.append(slot)
+        return self.ring.free.popleft()
+
+    def reclaim(self) -> None:
+        while self._pending and self._pending[0][0].query():
+            self.ring.free.append(self._pending.popleft()[1])
+
+    @staticmethod
+    def settled(copies: list) -> bool:
+        """Every device copy in `copies` has completed (drops the completed ones)."""
+        while copies and copies[0].query():
+            copies.pop(0)
+        return not copies
+
+    @staticmethod
+    def settle(copies: list) -> None:
+        """Block until every copy in `copies` completed (release: nothing may be written afterwards)."""
+        for ev in copies:
+            ev.synchronize()
+        copies.clear()
+
+
+def apply_spans(pools: Pools, b: int, stream: ItemStream, offset: int, src: torch.Tensor) -> None:
+    """Write stream bytes [offset, offset + len(src)) of buffer `b` into its items (src on b's device)."""
+    s = stream.stream_len
+    sp = spans(offset, src.numel(), s)
+    view = pools.view(b, stream.head)
+    pos = 0
+    if sp.head is not None:
+        i, a, z = sp.head
+        _write_part(view, int(stream.index[i]), a, src[pos: pos + z - a])
+        pos += z - a
+    w0, w1 = sp.whole
+    if w1 > w0:
+        if stream.tensor_index is None or stream.tensor_index.device != view.device:
+            stream.tensor_index = torch.from_numpy(stream.index).to(view.device)
+        k = w1 - w0
+        view.index_copy_(0, stream.tensor_index[w0:w1], src[pos: pos + k * s].view(k, *view.shape[1:]))
+        pos += k * s
+    if sp.tail is not None:
+        i, z = sp.tail
+        _write_part(view, int(stream.index[i]), 0, src[pos: pos + z])
+
+
+def _write_part(view: torch.Tensor, item: int, a: int, src: torch.Tensor) -> None:
+    """Bytes [a, a + len(src)) of one stream item (a piece of an item larger than a chunk)."""
+    dst = view[item]
+    if dst.is_contiguous():
+        dst.view(-1)[a: a + src.numel()].copy_(src)
+        return
+    tmp = dst.contiguous().view(-1)  # a head-sliced item is strided: read, patch, write back
+    tmp[a: a + src.numel()] = src
+    dst.copy_(tmp.view(dst.shape))
