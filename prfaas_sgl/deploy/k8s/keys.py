@@ -33,8 +33,15 @@ def _key(path: str) -> str:
     return path.replace("/", ".")
 
 
+def _keys_root(out: Path) -> Path:
+    root = out / "keys"
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o700)
+    return root
+
+
 def curve_dir(out: Path) -> Path:
-    d = out / "keys" / "curve"
+    d = _keys_root(out) / "curve"
     if not (d / SECRET).is_file():
         generate_keys(str(d), CLIENT)
     for path in d.rglob("*"):
@@ -44,9 +51,8 @@ def curve_dir(out: Path) -> Path:
 
 
 def admin_token(out: Path) -> str:
-    path = out / "keys" / "admin.token"
+    path = _keys_root(out) / "admin.token"
     if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(32) + "\n")

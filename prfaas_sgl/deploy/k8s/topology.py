@@ -98,7 +98,7 @@ def _role(dep: Deployment, pool: str, servers: list[ServerEntry], namespace: str
     first = servers[0]
     for s in servers[1:]:  # one pod template per pool
         for attr in ("port", "bootstrap_port", "args"):
-            if getattr(s, attr) != getattr(first, attr):
+            if _same(getattr(s, attr)) != _same(getattr(first, attr)):
                 raise ValueError(f"servers[{s.name}].{attr} differs from servers[{first.name}]: Kubernetes runs "
                                  f"pool {pool!r} as one StatefulSet, so its servers must share it")
     dc = DC_OF_POOL[pool]
@@ -109,6 +109,14 @@ def _role(dep: Deployment, pool: str, servers: list[ServerEntry], namespace: str
     machines = tuple(dict.fromkeys(p.machine for p in peers))
     return Role(STS_OF_POOL[pool], pool, dc, namespace, len(servers), len(peers) - other_role, first.port,
                 first.bootstrap_port, args, machines)
+
+
+def _same(value):
+    """Values that must agree across a pool; a server's own stats address is replaced by its pod IP anyway."""
+    if isinstance(value, tuple) and "--prfaas-zmq-stats-host" in value[:-1]:
+        i = value.index("--prfaas-zmq-stats-host") + 1
+        return value[:i] + ("POD_IP",) + value[i + 1:]
+    return value
 
 
 @dataclass(frozen=True)
