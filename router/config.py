@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
+from .kv_accounting import account_path
 from .policy import POLICIES
 
 
@@ -82,6 +83,8 @@ class RouterConfig:
                                     "more than this many requests beyond the least-loaded decode; -1 = off")
     block_size: int = _f(64, "prefix-hash block size in tokens (= SGLang --page-size)")
     prefix_capacity_tokens: int = _f(1 << 20, "modelled prefix-cache capacity per instance (tokens)")
+    model_path: str = _f("", "model directory (config.json): --kv-bytes-per-token and --state-bytes default to "
+                         "what its layers move (router/kv_accounting.py); those flags still override")
     kv_bytes_per_token: float = _f(17_100.0, "full-attention KV bytes per token (link accounting)")
     state_bytes: float = _f(180e6, "fixed per-request state bytes (linear/SWA states + aux)")
     local_prefill_coef: tuple[float, ...] = _f((0.468, 1.3e-4, 2.98e-10), "local prefill s = a + b*l + c*l^2")
@@ -215,6 +218,14 @@ def parse_config(argv: list[str] | None = None) -> RouterConfig:
     path = ns.pop("config", None)
     merged = load_file(path) if path else {}
     merged.update(ns)
+    if merged.get("model_path"):  # model-derived link accounting under any explicit value
+        merged = {**model_costs(merged["model_path"]), **merged}
     if not merged.get("admin_token") and os.environ.get(ADMIN_TOKEN_ENV):
         merged["admin_token"] = os.environ[ADMIN_TOKEN_ENV]
     return RouterConfig(**merged)
+
+
+def model_costs(model_path: str) -> dict[str, float]:
+    """`kv_bytes_per_token` and `state_bytes` of the model at `model_path` (KV in its config's dtype)."""
+    acct = account_path(model_path)
+    return {"kv_bytes_per_token": float(acct.kv_bytes_per_token), "state_bytes": float(acct.fixed_bytes)}
