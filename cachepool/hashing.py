@@ -1,13 +1,15 @@
 """Chained block hashes: h[i] = xxh3_64(token ids of block i, seed = h[i-1]), h[-1] = seed.
 
 Equal hashes mean equal token prefixes (up to 64-bit collisions), so a prefix lookup is a run of dict
-hits. Only FULL blocks are hashed: a partial tail block is never reusable.
+hits. Only FULL blocks are hashed: a partial tail block is never reusable. Token ids are hashed as
+native uint32; an `array("q")` (SGLang's token arrays) is packed without a per-token Python loop.
 """
 from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
 
+import numpy as np
 import xxhash
 
 _TOKEN_BYTES = 4  # ids are packed as uint32
@@ -19,19 +21,35 @@ def block_hashes(token_ids: Sequence[int], block_size: int, seed: int = 0) -> li
     tokens  [0 ........ bs)[bs ...... 2bs) ... [(n-1)bs .. n*bs)[tail < bs]
     hashes   h[0]           h[1]                h[n-1]           (none)
     """
-    data = memoryview(array("I", token_ids).tobytes())
+    n = len(token_ids) // block_size
+    if n == 0:
+        return []
+    data = memoryview(_packed(token_ids[:n * block_size]))
     step = block_size * _TOKEN_BYTES
     out: list[int] = []
     parent = seed
     digest = xxhash.xxh3_64_intdigest
-    for start in range(0, (len(token_ids) // block_size) * step, step):
+    for start in range(0, n * step, step):
         parent = digest(data[start:start + step], parent)
         out.append(parent)
     return out
 
 
+def _packed(token_ids: Sequence[int]) -> bytes:
+    """Token ids as native uint32 bytes. An array (SGLang keeps token ids in array("q")) goes
+    through numpy, ~3x faster than a per-token conversion; a list is fastest through array("I")."""
+    if isinstance(token_ids, array):
+        return np.frombuffer(token_ids, dtype=token_ids.typecode).astype(np.uint32).tobytes()
+    return array("I", token_ids).tobytes()
+
+
 def extend_hashes(hashes: list[int], token_ids: Sequence[int], block_size: int, seed: int = 0) -> None:
-    """Append hashes for full blocks of token_ids not yet hashed (decode growth). Mutates hashes."""
+    """Append hashes for the full blocks of token_ids not hashed yet, chained from hashes[-1]
+    (decode growth, a prefill's next chunk). Mutates hashes; O(new blocks).
+
+    tokens  [0 ....... done*bs)[done*bs ......... full)[tail]
+    hashes   hashes (given)     appended here
+    """
     done = len(hashes)
     start = done * block_size
     full = (len(token_ids) // block_size) * block_size

@@ -74,13 +74,15 @@ class HybridCachePool:
 
         transfer: the prefill's KV goes to another cluster; its uncached blocks are transfer-cache
         blocks, released by free() once the transfer completes.
-        hashes: self.hashes(token_ids) if the caller already has them (the pool keeps the list).
+        hashes: self.hashes(token_ids) if the caller already has them; the pool then keeps both
+        token_ids and hashes without copying.
         Raises RequestTooLongError (never fits; nothing changed), PoolExhaustedError (retry later;
         nothing changed except the hit's LRU recency), ValueError (duplicate id).
         """
         if req_id in self._reqs:
             raise ValueError(f"request {req_id!r} is already admitted; free() it first")
-        token_ids = list(token_ids)
+        if hashes is None:  # else the caller keeps both lists and only appends to them (see grow)
+            token_ids = list(token_ids)
         self._check_fits(req_id, len(token_ids))
         hashes = self.hashes(token_ids) if hashes is None else hashes
         k = self._hit_blocks(hashes, len(token_ids))
@@ -96,11 +98,17 @@ class HybridCachePool:
         self._reqs[req_id] = req
         return alloc
 
-    def grow(self, req_id: str, num_tokens: int, token_ids: Optional[Sequence[int]] = None) -> Allocation:
+    def grow(self, req_id: str, num_tokens: int, token_ids: Optional[Sequence[int]] = None,
+             hashes: Optional[list[int]] = None) -> Allocation:
         """Cover tokens [0, num_tokens). token_ids: the request's full token list if it grew
-        (decode). Raises PoolExhaustedError with nothing changed."""
+        (decode); only blocks not hashed yet are hashed, chained from the last known hash.
+        hashes: block_hashes(token_ids) if the caller keeps them incrementally; the pool then keeps
+        both lists without copying, and the caller may only append to them.
+        Raises PoolExhaustedError with nothing changed (the lists are the same tokens either way)."""
         req = self._reqs[req_id]
-        if token_ids is not None and len(token_ids) > len(req.token_ids):
+        if token_ids is not None and hashes is not None:
+            req.token_ids, req.hashes = token_ids, hashes  # type: ignore[assignment]
+        elif token_ids is not None and len(token_ids) > len(req.token_ids):
             req.token_ids = list(token_ids)
             extend_hashes(req.hashes, req.token_ids, self.cfg.block_size, self.cfg.hash_seed)
         return self._grow(req, num_tokens, None)
@@ -163,6 +171,11 @@ class HybridCachePool:
         """Cached blocks of `group` that no request references (evictable now). O(1): read on every
         scheduler step by the SGLang backend."""
         return self.blocks.num_idle(self._by_name[group])
+
+    def entry_blocks(self, group: str, block_hash: int) -> list[int]:
+        """Blocks of `group`'s cached entry under block_hash (KeyError if not cached). For a caller
+        that mirrors the index onto memory it keys by block id (an SGLang tree backend)."""
+        return self._by_name[group].entry_blocks(block_hash)
 
     def request_ids(self) -> list[str]:
         return list(self._reqs)

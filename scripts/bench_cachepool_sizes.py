@@ -18,6 +18,7 @@ import json
 import os
 import statistics
 import time
+from array import array
 from types import SimpleNamespace as NS
 
 import torch
@@ -46,7 +47,8 @@ def serve(cache, tokens: list[int], first_slot: int, chunk: int) -> None:
     """One request as SGLang runs it: a checkpoint at every chunk end, then release."""
     cache.req_to_token_pool.req_to_token[0, :len(tokens)] = torch.arange(first_slot, first_slot + len(tokens))
     kv = NS(req_pool_idx=0, mamba_pool_idx=torch.tensor(0), holds_mamba=False)
-    req = NS(extra_key=None, cache_salt=None, full_untruncated_fill_ids=tokens, kv=kv)
+    req = NS(rid=f"bench-{first_slot}", extra_key=None, cache_salt=None, full_untruncated_fill_ids=array("q", tokens),
+             kv=kv)
     for up_to in range(chunk, len(tokens) + 1, chunk):
         cache.checkpoint(req, up_to=up_to)
     cache.on_release(req, checkpointed=True)

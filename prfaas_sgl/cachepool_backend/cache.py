@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from array import array
 from dataclasses import dataclass, field
 
 import torch
@@ -33,29 +34,37 @@ from sglang.srt.mem_cache.base_prefix_cache import (BasePrefixCache, DecLockRefR
 from prfaas_sgl.cachepool import GroupSpec, HybridCachePool, PoolConfig
 
 from . import config as backend_config
+from .hashes import HashMemo
 from .mirror import FULL, LINEAR, Insert, Mirror
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Node:
-    """A match handle: the matched tokens and their block hashes (len(tokens) == bs * len(hashes))."""
+_ONE_TOKEN = array("q", [0])  # see inc_lock_ref
 
-    tokens: tuple[int, ...]
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Node:
+    """A match handle: the matched tokens and their block hashes (len(tokens) == bs * len(hashes)).
+    Compared by identity: its tokens are an array (a copy of an array slice is a memcpy, a tuple of
+    128K ints is not)."""
+
+    tokens: array
     hashes: tuple[int, ...]
     # BasePrefixCache.dfs_weight_order walks `children`; handles are flat (no tree)
     children: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 class _Entry:
-    __slots__ = ("pool_id", "start", "stored", "first_gap")
+    __slots__ = ("pool_id", "start", "stored", "first_gap", "checked", "offered")
 
     def __init__(self, pool_id: str) -> None:
         self.pool_id = pool_id
         self.start = 0  # the pool's hit at admission: checkpoints are planned past it only
         self.stored: set[int] = set()  # block positions whose KV slots the tree owns now
         self.first_gap = 0  # first grid boundary with no state: nothing at or past it is committed
+        self.checked = 0  # grid boundaries <= checked (tokens) had a state and were committed
+        self.offered = 0  # blocks [0, offered) were committed to the pool (it stores no more there)
 
 
 def build(ctx) -> "PrfaasHybridCache":
@@ -108,27 +117,31 @@ class PrfaasHybridCache(BasePrefixCache):
                             checkpoint_interval=self.cfg.checkpoint_interval))
         if self.kv_only:
             groups = groups[:1]
-        self.pool = HybridCachePool(PoolConfig(self.cfg.num_blocks, self.bs, groups, enable_events=True))
-        self.mirror = Mirror(self.bs, self.token_to_kv_pool_allocator.free, self._free_state)
+        pool = self.pool = HybridCachePool(PoolConfig(self.cfg.num_blocks, self.bs, groups, enable_events=True))
+        self.mirror = Mirror(self.bs, self.cfg.num_blocks, self.device, lambda h: pool.entry_blocks(FULL, h)[0],
+                             self.token_to_kv_pool_allocator.free, self._free_state)
+        self.memo = HashMemo(self.bs, pool.cfg.hash_seed)
         self._reqs: dict[int, _Entry] = {}  # by req_pool_idx (unique while the row is held)
-        self.root_node = Node((), ())
+        self.root_node = Node(array("q"), ())
 
     def _free_state(self, slot) -> None:
         self.req_to_token_pool.mamba_allocator.free(slot)
 
     def _drain(self, insert: Insert | None = None) -> tuple[int, int]:
-        return self.mirror.apply(self.pool.drain_events(), insert)
+        counts = self.mirror.apply(self.pool.drain_events(), insert)
+        self.mirror.flush()
+        return counts
 
     # -- match and locks ------------------------------------------------------------------------
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         key = params.key
         if key.is_bigram or key.extra_key is not None or key.cache_salt is not None or len(key) == 0:
             return self._result(self.root_node)  # namespaced keys are not indexed (hash seed is global)
-        tokens = list(key.raw_token_ids())
-        hashes = self.pool.hashes(tokens)
-        k = self.pool.match(tokens, hashes) // self.bs
-        node = Node(tuple(tokens[:k * self.bs]), tuple(hashes[:k]))
         req = params.req
+        ids = key.raw_token_ids()
+        seen = self.memo.get(getattr(req, "rid", None), ids)  # covers ids, maybe more of the request
+        k = self.pool.match(ids, seen.hashes) // self.bs
+        node = Node(seen.tokens[:k * self.bs], tuple(seen.hashes[:k]))
         if self.kv_only:
             return self._result(node)
         if k and params.cow_mamba and req is not None and not self._cow(req, node):
@@ -169,7 +182,9 @@ class PrfaasHybridCache(BasePrefixCache):
         if not node.hashes:
             return IncLockRefResult(delta=0, node_id=None)
         n = next(self._ids)
-        alloc = self.pool.admit(f"lock:{n}", list(node.tokens) + [0], num_tokens=len(node.tokens))
+        # one token past the match, so the pool may count every matched token as a hit
+        alloc = self.pool.admit(f"lock:{n}", node.tokens + _ONE_TOKEN, num_tokens=len(node.tokens),
+                                hashes=list(node.hashes))
         self._drain()
         if alloc.num_cached_tokens != len(node.tokens):  # evicted between match and lock: a bug
             self.pool.free(f"lock:{n}")
@@ -185,33 +200,41 @@ class PrfaasHybridCache(BasePrefixCache):
         return DecLockRefResult(delta=0)
 
     def path_device_indices(self, node: Node) -> torch.Tensor:
-        if not node.hashes:
-            return torch.empty((0,), dtype=torch.int64, device=self.device)
-        return torch.cat([self.mirror.kv_of[h] for h in node.hashes])
+        return self.mirror.kv_slots(node.hashes)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def checkpoint(self, req, *, up_to: int, **kwargs) -> None:
         """Offer tokens [0, up_to) of the request: full blocks to the KV index, and the request's
-        state if up_to is a checkpoint boundary (its state slot holds exactly that state)."""
+        state if up_to is a checkpoint boundary (its state slot holds exactly that state).
+
+            blocks   [0 ..... offered)[offered .......... n)      n = up_to // bs
+                      committed before  hashed only if new, stored with one gather from the row
+        """
         if req.extra_key is not None or req.cache_salt or up_to < self.bs or req.kv.req_pool_idx is None:
             return
-        length = up_to // self.bs * self.bs
-        tokens = list(req.full_untruncated_fill_ids[:length])
-        hashes = self.pool.hashes(tokens)
-        insert = Insert(self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :length].to(torch.int64),
-                        {h: i for i, h in enumerate(hashes)})
-        if not self.kv_only and up_to % self.cfg.checkpoint_interval == 0 and hashes[-1] not in self.mirror.state_of:
-            insert.state_hash, insert.state = hashes[-1], self._snapshot(req)
+        ids = req.full_untruncated_fill_ids
+        n = min(up_to, len(ids)) // self.bs
+        length = n * self.bs
+        seen = self.memo.get(req.rid, ids)
         ent = self._reqs.get(req.kv.req_pool_idx)
         if ent is None:
             ent = self._reqs[req.kv.req_pool_idx] = _Entry(f"req:{next(self._ids)}")
-            ent.start = self.pool.admit(ent.pool_id, tokens + [0], num_tokens=length, hashes=list(hashes),
-                                        transfer=self.cfg.role == "prefill").num_cached_tokens
+            # one token past `length`, so the pool may count all of it as a hit (a lock's blocks)
+            ent.start = self.pool.admit(ent.pool_id, seen.tokens[:length] + _ONE_TOKEN, num_tokens=length,
+                                        hashes=seen.hashes[:n], transfer=self.cfg.role == "prefill").num_cached_tokens
+            ent.offered = ent.start // self.bs
         else:
-            self.pool.grow(ent.pool_id, length, tokens)
+            self.pool.grow(ent.pool_id, length, seen.tokens, seen.hashes)
         self._drain()
-        self.pool.commit(ent.pool_id, self._commit_point(ent, hashes, length, insert))
+        hashes = seen.hashes
+        insert = Insert(self.req_to_token_pool.req_to_token[req.kv.req_pool_idx],
+                        {hashes[i]: i for i in range(ent.offered, n)})
+        if not self.kv_only and up_to % self.cfg.checkpoint_interval == 0 and hashes[n - 1] not in self.mirror.state_of:
+            insert.state_hash, insert.state = hashes[n - 1], self._snapshot(req)
+        point = self._commit_point(ent, hashes, length, insert)
+        self.pool.commit(ent.pool_id, point)
         self._drain(insert)
+        ent.offered = max(ent.offered, point // self.bs)
         ent.stored.update(insert.stored_blocks)
         if insert.state is not None:  # not indexed (no boundary planned, or the pool had it)
             self._free_state(insert.state)
@@ -229,6 +252,7 @@ class PrfaasHybridCache(BasePrefixCache):
         """Tokens to commit. The pool plans a checkpoint at every grid boundary a request crosses,
         but SGLang holds a state only at chunk ends: commit stops before the first boundary with
         neither a state from this checkpoint nor an indexed one (it would index a wrong state).
+        Boundaries up to ent.checked were committed by an earlier call, so each is checked once.
 
             grid   |----c----|----c----|----c----|
             chunks [  chunk  )[ short )[  chunk   )   <- the second boundary has no state: stop
@@ -237,15 +261,18 @@ class PrfaasHybridCache(BasePrefixCache):
         if self.kv_only:
             return length
         if not ent.first_gap:
-            for b in range((ent.start // c + 1) * c, length + 1, c):
+            for b in range((max(ent.start, ent.checked) // c + 1) * c, length + 1, c):
                 h = hashes[b // bs - 1]
                 if not (h in self.mirror.state_of or (h == insert.state_hash and insert.state is not None)):
                     ent.first_gap = b
                     break
+            else:
+                ent.checked = max(ent.checked, length)
         return min(length, ent.first_gap - 1) if ent.first_gap else length
 
     def free_kv_row(self, kv, ranges: list[tuple[int, int]]) -> None:
-        """Free row ranges except the blocks this request handed to the tree."""
+        """Free row ranges except the blocks this request handed to the tree; the pieces left go
+        back to the allocator in one free (SGLang's free group), not one per piece."""
         ent = self._reqs.get(kv.req_pool_idx)
         if ent is None or not ent.stored:
             return super().free_kv_row(kv, ranges)
@@ -258,14 +285,23 @@ class PrfaasHybridCache(BasePrefixCache):
                 pos = max(pos, (i + 1) * self.bs)
             if pos < end:
                 pieces.append((pos, end))
-        if pieces:
+        allocator = self.token_to_kv_pool_allocator
+        if len(pieces) < 2 or getattr(allocator, "free_group", False) is not None:
+            if pieces:  # one piece, or a free group the caller already opened collects them
+                super().free_kv_row(kv, pieces)
+            return
+        allocator.free_group_begin()
+        try:
             super().free_kv_row(kv, pieces)
+        finally:
+            allocator.free_group_end()
 
     def on_release(self, req, *, checkpointed: bool) -> None:
         ent = self._reqs.pop(req.kv.req_pool_idx, None) if req.kv.req_pool_idx is not None else None
         if ent is not None:
             self.pool.free(ent.pool_id)
             self._drain()
+        self.memo.drop(req.rid)
         if req.kv.holds_mamba:  # the tree keeps copies, never the request's own slot
             self.req_to_token_pool.free_mamba_cache(req)
         if self.cfg.check_integrity:
@@ -282,10 +318,12 @@ class PrfaasHybridCache(BasePrefixCache):
 
     # -- eviction and sizes ---------------------------------------------------------------------
     def evict(self, params: EvictParams) -> EvictResult:
+        """Evict LRU entries until enough is freed; their slots go back in one free per allocator."""
         tokens = states = 0
         while (tokens < params.num_tokens or states < params.mamba_num) and self.pool.evict_lru():
-            t, s = self._drain()
+            t, s = self.mirror.apply(self.pool.drain_events())
             tokens, states = tokens + t, states + s
+        self.mirror.flush()
         return EvictResult(num_tokens_evicted=tokens, mamba_num_evicted=states)
 
     # SGLang reads these several times per scheduler step: each is O(1) (the pool keeps per-group
@@ -310,8 +348,7 @@ class PrfaasHybridCache(BasePrefixCache):
         return len(self.mirror.kv_of) * self.bs
 
     def all_values_flatten(self) -> torch.Tensor:
-        vals = list(self.mirror.kv_of.values())
-        return torch.cat(vals) if vals else torch.empty((0,), dtype=torch.int64)
+        return self.mirror.kv_slots(list(self.mirror.kv_of))
 
     def all_mamba_values_flatten(self) -> torch.Tensor:
         vals = list(self.mirror.state_of.values())
