@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import shutil
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -139,3 +140,12 @@ def render(dep: Deployment, out: Path) -> list[Path]:
     rules = out / RULES_NAME
     shutil.copyfile(RULES, rules)
     return [config, rules]
+
+
+# label names never start with these prefixes; a quoted label value is skipped by the look-behind
+_NAME = re.compile(r'(?<![\w:"])(prfaas_\w+|sglang:[\w:]+|up(?=\{))')
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression reads (ours, SGLang's and `up`); label names and values aside."""
+    return set(_NAME.findall(expr))
