@@ -254,3 +254,15 @@ def fused_sigmoid_gating_delta_rule_update_cpu(
     if not disable_state_update:
         _scatter_states(initial_state_source, slots, state)
     return out.reshape(v.shape).to(q.dtype)
+
+
+def rmsnorm_sigmoid_gated(x: torch.Tensor, weight: torch.Tensor | None, gate: torch.Tensor, eps: float) -> torch.Tensor:
+    """KDA's output norm: rmsnorm(x) * weight * sigmoid(gate) over the last dim, fp32 math.
+
+    x: [..., D]; gate: same number of elements (SGLang passes x [1, N, H, D], gate [N, H, D]); weight: [D].
+    Returns x's shape and dtype.
+    """
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    y = y * weight.float() if weight is not None else y
+    return (y * torch.sigmoid(gate.reshape(x.shape).float())).to(x.dtype)

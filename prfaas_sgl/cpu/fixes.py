@@ -18,6 +18,9 @@ def install(HookRegistry, HookType) -> None:
     HookRegistry.register(
         "sglang.srt.models.qwen3_next.Qwen3GatedDeltaNet.__init__", qwen3_next_current_device, HookType.AROUND
     )
+    from prfaas_sgl.cpu import kda_fixes  # Kimi Linear: KDA kernels, its sigmoid output norm, MLA on torch_native
+
+    kda_fixes.install(HookRegistry, HookType)
 
 
 def fla_gated_rmsnorm_on_cpu() -> None:
