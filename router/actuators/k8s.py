@@ -40,8 +40,8 @@ class K8sActuator:
         cannot: a start-up error, not a controller one)."""
         from kubernetes import client, config
 
-        config.load_incluster_config()
-        cfg = client.Configuration.get_default_copy()
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)  # this client only, not the process default
         cfg.retries = 0  # the controller's next tick is the retry; urllib3's would stretch each timeout
         api = client.AppsV1Api(client.ApiClient(cfg))
         ns = namespace or os.environ["PRFAAS_K8S_NAMESPACE"]

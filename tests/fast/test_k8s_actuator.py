@@ -148,11 +148,9 @@ def test_timeout_is_a_failed_action(replay):
 def test_in_cluster_reads_the_current_replicas(replay, monkeypatch):
     server, _ = replay
     host = f"http://127.0.0.1:{server.server_address[1]}"
+    # the service account's token and CA are the kubelet's business; the API address is what matters here
     monkeypatch.setattr("kubernetes.config.load_incluster_config",
-                        lambda: client.Configuration.set_default(client.Configuration(host=host)))
+                        lambda client_configuration: setattr(client_configuration, "host", host))
     monkeypatch.setenv("PRFAAS_K8S_NAMESPACE", "prfaas-local")
-    try:
-        act = K8sActuator.in_cluster()
-    finally:
-        client.Configuration.set_default(None)
+    act = K8sActuator.in_cluster()
     assert server.seen == expected("already_at_target") and act.current() == Split(1, 2)

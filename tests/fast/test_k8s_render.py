@@ -192,3 +192,19 @@ def test_pool_servers_must_share_a_pod_template(tmp_path):
     raw["k8s"]["replicas"] = 3
     with pytest.raises(ValueError, match=r"\[k8s\]: unknown keys \['replicas'\]"):
         render(config.parse(raw), tmp_path)
+
+
+def test_selectors_match_their_pods(gpu):
+    """What the API server checks beyond the schema: a workload's selector matches its template, every
+    Service and NetworkPolicy selects some pod, port names are IANA_SVC_NAMEs (<= 15 characters)."""
+    docs = [d for ds in gpu.values() for d in ds]
+    pods = [d["spec"]["template"]["metadata"]["labels"] for d in docs if d["kind"] in ("StatefulSet", "Deployment")]
+    for d in docs:
+        if d["kind"] in ("StatefulSet", "Deployment"):
+            assert d["spec"]["selector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+            for port in d["spec"]["template"]["spec"]["containers"][0]["ports"]:
+                assert len(port["name"]) <= 15
+        sel = (d["spec"].get("selector") if d["kind"] == "Service" else
+               d["spec"]["podSelector"].get("matchLabels") if d["kind"] == "NetworkPolicy" else None)
+        if sel:
+            assert any(sel.items() <= p.items() for p in pods), d["metadata"]["name"]
