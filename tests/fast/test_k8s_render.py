@@ -183,10 +183,16 @@ def test_kv_data_port_is_open_to_prefill_servers_only(cpu_out):
     assert {"name": "kv-data", "containerPort": DEFAULT_DATA_PORT} in pod["ports"]
 
 
-def test_pool_servers_must_share_a_pod_template(tmp_path):
+def test_files_kubernetes_cannot_run_are_refused(tmp_path):
     raw = config.tomllib.loads(CPU_FILE.read_text())
     raw["servers"][1]["port"] = 30001
     with pytest.raises(ValueError, match=r"servers\[prfaas-1\].port differs"):
+        render(config.parse(raw), tmp_path)
+    raw = config.tomllib.loads(CPU_FILE.read_text())
+    raw["deployment"]["server_args"] = ["--chunked-prefill-size", "64"]
+    for s in raw["servers"]:
+        s["host"] = "127.0.0.1"  # fine for `prfaas up` on one machine; a pod's address is never loopback
+    with pytest.raises(ValueError, match="prfaas_zmq needs '--prfaas-zmq-curve-keys'"):
         render(config.parse(raw), tmp_path)
     raw = config.tomllib.loads(CPU_FILE.read_text())
     raw["k8s"]["replicas"] = 3

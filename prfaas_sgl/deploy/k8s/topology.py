@@ -104,6 +104,9 @@ def _role(dep: Deployment, pool: str, servers: list[ServerEntry], namespace: str
     dc = DC_OF_POOL[pool]
     other_role = 1 if dc == LOCAL and {p.pool for p in peers} == {"local_prefill", "decode"} else 0
     args = dep.server_args + first.args
+    if dep.transfer_backend == "prfaas_zmq" and not {"--prfaas-zmq-curve-keys", "--prfaas-zmq-insecure"} & set(args):
+        raise ValueError(f"servers[{first.name}]: on Kubernetes a server binds its pod IP, never loopback, so "
+                         "prfaas_zmq needs '--prfaas-zmq-curve-keys', DIR (the Secret is mounted there)")
     if pool == "decode" and dep.transfer_backend == "prfaas_zmq" and "--prfaas-zmq-data-port" not in args:
         args += ("--prfaas-zmq-data-port", str(DEFAULT_DATA_PORT))
     machines = tuple(dict.fromkeys(p.machine for p in peers))
