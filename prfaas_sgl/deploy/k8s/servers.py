@@ -13,7 +13,6 @@ from prfaas_sgl.launch import ServerSpec, server_args
 
 POD_IP = "$(POD_IP)"  # expanded by the kubelet from the env var of the same name
 MODEL_CACHE = "/var/cache/prfaas-models"  # tiny models are built here at pod start
-KEYS_MOUNT_DEFAULT = "/etc/prfaas/keys"
 
 
 def labels(role: str, name: str, dc: str, pool: str | None = None) -> dict[str, str]:
