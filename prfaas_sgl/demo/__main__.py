@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from prfaas_sgl import netns
-from prfaas_sgl.demo import quick
+from prfaas_sgl.demo import monitor, quick
 from prfaas_sgl.demo.table import format_side_by_side
 from prfaas_sgl.demo.topology import DemoLink, deployment
 from prfaas_sgl.deploy.up import Stack, resolve_model
@@ -57,7 +57,7 @@ def set_policy(router_url: str, policy: str) -> None:
         raise RuntimeError(f"router kept policy {got!r} after POST /admin/routing {{'policy': {policy!r}}}")
 
 
-def run_policy(router_url: str, tokenizer: str, args, out: Path, policy: str) -> dict:
+def run_policy(router_url: str, tokenizer: str, args, out: Path, policy: str, prom=None) -> dict:
     from prfaas_sgl.loadgen.cli import bench
     from prfaas_sgl.loadgen.config import BenchConfig
     from prfaas_sgl.loadgen.plots import write_plots
@@ -70,6 +70,7 @@ def run_policy(router_url: str, tokenizer: str, args, out: Path, policy: str) ->
         slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, progress=True,
     )
     results = asyncio.run(bench(cfg))
+    monitor.read_back(prom, results)  # the table's link and offload numbers as Prometheus stored them
     (out / policy).mkdir(parents=True, exist_ok=True)
     (out / policy / "results.json").write_text(json.dumps(results, indent=1))
     write_plots(results, out / policy)
@@ -99,16 +100,21 @@ def main(argv: list[str] | None = None) -> int:
     generate_keys(str(keys))  # the demo runs secure, as a deployment must on routable addresses
     with demo_link(args.link_mbit) as link:
         dep = deployment(link, "tiny:tiny-qwen35-hybrid", args.backend, args.threshold, args.link_mbit, str(keys))
-        stack = Stack(dep, None, args.out / "logs", say=say)
+        stack = Stack(monitor.with_metrics(dep), None, args.out / "logs", say=say)
+        prom = None
         try:
             say("starting 3 SGLang servers on CPU + the router (1-3 min) ...")
             stack.start()
+            prom = monitor.start(stack.dep, args.out, say)
             rows = []
             for i, (label, policy) in enumerate(POLICIES, 1):
                 say(f"phase {i}/3: {label}: {args.sessions} requests")
-                rows.append((label, run_policy(stack.router.url, f"{model}/tokenizer.json", args, args.out, policy)))
+                rows.append((label, run_policy(stack.router.url, f"{model}/tokenizer.json", args, args.out, policy,
+                                               prom)))
         finally:
             say("stopping servers")
+            if prom is not None:
+                prom.stop()
             stack.stop()
     print()
     print(format_side_by_side(rows))

@@ -10,7 +10,6 @@ from prometheus_client import start_http_server
 
 from prfaas_sgl.demo import monitor
 from prfaas_sgl.deploy import config
-from prfaas_sgl.deploy.prometheus import RULES, scrape_config
 from prfaas_sgl.launch import free_port
 from prfaas_sgl.router.metrics import RouterMetrics
 from prfaas_sgl.router.policy import Decision
@@ -53,8 +52,9 @@ def test_demo_reads_offload_and_link_series_back_from_a_real_prometheus(tmp_path
     try:
         _decide(m, "local", 2)  # before the run: must not count
         m.link_util.set(0.2)
-        dep = _deployment(server.server_port)
-        prom = monitor.PromServer(scrape_config(dep, monitor.SCRAPE_S, (str(RULES),)), tmp_path / "prom").start()
+        said = []
+        prom = monitor.start(_deployment(server.server_port), tmp_path, said.append)
+        assert said[0].startswith(f"Prometheus at {prom.url} scrapes the router every 1 s")
         prom.wait_for_sample("prfaas_router_decisions_total", time.time())
         t0 = time.time()
         _decide(m, "prfaas", 3)
