@@ -80,16 +80,18 @@ def test_demo_reads_offload_and_link_series_back_from_a_real_prometheus(tmp_path
     assert link["t_s"] == sorted(link["t_s"]) and 0 <= link["t_s"][0] < 1.0
 
 
-def test_without_prometheus_the_demo_says_so_and_keeps_the_direct_numbers(tmp_path, monkeypatch):
+def test_without_a_working_prometheus_the_demo_says_so_and_keeps_the_direct_numbers(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no prometheus binary on it
     said = []
     dep = _deployment(free_port())
     assert monitor.start(dep, tmp_path, said.append) is None
     assert "no Prometheus" in said[0] and "apt-get install -y prometheus" in said[0]
     assert monitor.with_metrics(dep) is dep  # servers keep their flags: nothing will scrape them
-    results = {"router": {"source": "direct"}}
+    results = {"router": {"source": "direct"}, "started_unix": time.time(), "run_s": 1.0}
     monitor.read_back(None, results)
-    assert results == {"router": {"source": "direct"}}
+    gone = monitor.PromServer({}, tmp_path, port=free_port())  # started, then died: nothing answers
+    monitor.read_back(gone, results)
+    assert results["router"] == {"source": "direct"}
 
 
 def test_with_prometheus_sglang_servers_export_metrics(tmp_path):
