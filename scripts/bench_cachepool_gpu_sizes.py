@@ -1,0 +1,308 @@
+"""prfaas_hybrid at GPU pool sizes, before and after issue 13 (part 4), next to SGLang 0.5.23's own tree.
+
+Each tree runs on SGLang's real CPU allocators (`TokenToKVPoolAllocator`, page 1; `HybridReqToTokenPool`
+with its Mamba slot allocator) at `--kv-tokens` slots, driven as the scheduler drives it: match on
+prompt[:-1], lock, allocate the rest, a checkpoint (SGLang: an insert with a state copy) at every chunk
+end counted from the hit, then release (checkpoint at the end, free the row, unlock). The cache is filled
+with distinct `--fill-prompt`-token requests to ~95 % of the slots, then measured:
+
+  sizes       each size query SGLang reads per scheduler step, µs per call (median of --calls)
+  evict       evict(num_tokens=--evict-tokens) three times: ms per call, allocator free() calls per call
+  long        one --long-prompt-token request with --chunk chunks: ms per checkpoint (median, max), the
+              release, its first match (cold) and a repeat match (warm hit), ms
+  hashing     block hashes of --hash-lengths tokens from scratch (array("q") ids, as SGLang passes them),
+              and the sum over a request's checkpoints when each hashes its prefix from scratch (before)
+
+"before" is our code at --base-rev (extracted with `git archive` and imported in a worker process in
+its place), "after" the working tree, "sglang" `UnifiedRadixCache` FULL+MAMBA (what 0.5.23 builds for
+hybrid GDN models; page 1, as its no_buffer strategy requires). Seeded; workers run one at a time.
+
+Run:  .venv/bin/python scripts/bench_cachepool_gpu_sizes.py --kv-tokens 500000 2000000 --out out/bench_cachepool_gpu_sizes.json
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from array import array
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE_REV = "b7bbc14"  # last change to cachepool/ and the backend before issue 13
+QUERIES = ("evictable_size", "protected_size", "full_evictable_size", "full_protected_size",
+           "mamba_evictable_size", "mamba_protected_size")
+
+
+def use_code(root: str) -> None:
+    """Import prfaas_sgl.cachepool and prfaas_sgl.cachepool_backend from an extracted tree `root`."""
+    for name, sub in (("prfaas_sgl.cachepool", "cachepool"),
+                      ("prfaas_sgl.cachepool_backend", "prfaas_sgl/cachepool_backend")):
+        path = Path(root, sub)
+        spec = importlib.util.spec_from_file_location(name, path / "__init__.py",
+                                                      submodule_search_locations=[str(path)])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+
+
+def ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1e3
+
+
+def prompt(i: int, n: int) -> array:
+    """Request i's tokens: distinct across requests for n <= 200,000 (no shared blocks)."""
+    return array("q", range((i + 1) * 200_000, (i + 1) * 200_000 + n))
+
+
+class Counted:
+    """Wraps an allocator's free() to count calls (installed before a tree binds it)."""
+
+    def __init__(self, alloc) -> None:
+        self.calls, self._free = 0, alloc.free
+        alloc.free = self
+
+    def __call__(self, idx) -> None:
+        self.calls += 1
+        self._free(idx)
+
+
+class FakeKv:
+    """The parts of SGLang's per-request KV record the backend and free_kv_row read."""
+
+    def __init__(self) -> None:
+        self.req_pool_idx, self.mamba_pool_idx, self.mamba_cow_src_index = 0, None, None
+        self.mamba_needs_clear, self.cache_protected_len = False, 0
+
+    @property
+    def holds_mamba(self) -> bool:
+        return self.mamba_pool_idx is not None
+
+    def get_evicted_seqlen(self, component) -> int:
+        return 0
+
+    def swa_dead_lo(self, page_size: int) -> int:
+        return 0
+
+
+class Ours:
+    def __init__(self, alloc, pool, chunk: int) -> None:
+        from types import SimpleNamespace as NS
+
+        from prfaas_sgl.cachepool_backend import cache as backend
+        params = NS(page_size=1, token_to_kv_pool_allocator=alloc, req_to_token_pool=pool)
+        ctx = NS(params=params, server_args=NS(chunked_prefill_size=chunk, disaggregation_mode="null"),
+                 is_hybrid_ssm=True, is_hybrid_swa=False, enable_hierarchical_cache=False, disable_radix_cache=False)
+        self.cache, self.alloc, self.pool, self.chunk = backend.build(ctx), alloc, pool, chunk
+
+    def match(self, ids: array, rid: str, req=None):
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+        return self.cache.match_prefix(MatchPrefixParams(key=RadixKey(ids[:-1]), req=req, cow_mamba=req is not None))
+
+    def serve(self, ids: array, rid: str, times: dict | None = None) -> None:
+        from types import SimpleNamespace as NS
+
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+        c, kv = self.cache, FakeKv()
+        req = NS(rid=rid, extra_key=None, cache_salt=None, full_untruncated_fill_ids=ids, kv=kv)
+        node = self.match(ids, rid, req).last_device_node
+        lock = c.inc_lock_ref(node)
+        prefix = c.path_device_indices(node)
+        if not kv.holds_mamba:
+            kv.mamba_pool_idx = c._alloc_state()[0]
+        need = len(ids) - len(prefix)
+        if self.alloc.available_size() < need:
+            c.evict(EvictParams(num_tokens=need - self.alloc.available_size()))
+        self.pool.req_to_token[0, :len(ids)] = __import__("torch").cat([prefix, self.alloc.alloc(need)])
+        kv.cache_protected_len = p = len(prefix)
+        for up_to in range(p + self.chunk, len(ids), self.chunk):
+            t0 = time.perf_counter()
+            c.checkpoint(req, up_to=up_to)
+            if times is not None:
+                times["checkpoint"].append(ms(t0))
+        t0 = time.perf_counter()
+        c.checkpoint(req, up_to=len(ids))  # release_kv_cache, as SGLang runs it
+        c.free_kv_row(kv, [(p, len(ids))])
+        c.dec_lock_ref(node, lock.to_dec_params())
+        c.on_release(req, checkpointed=True)
+        if times is not None:
+            times["release"].append(ms(t0))
+
+    def evict(self, tokens: int) -> None:
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+        self.cache.evict(EvictParams(num_tokens=tokens))
+
+    def cached_tokens(self) -> int:
+        return self.cache.total_size()
+
+
+class Sglang:
+    def __init__(self, alloc, pool, cache, chunk: int) -> None:
+        self.alloc, self.pool, self.cache, self.chunk = alloc, pool, cache, chunk
+
+    def match(self, ids: array, rid: str, req=None):
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+        return self.cache.match_prefix(MatchPrefixParams(key=RadixKey(ids[:-1])))
+
+    def _slot(self):
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+        s = self.pool.mamba_allocator.alloc(1)
+        if s is None:
+            self.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+            s = self.pool.mamba_allocator.alloc(1)
+        return s
+
+    def serve(self, ids: array, rid: str, times: dict | None = None) -> None:
+        import torch
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+        m = self.match(ids, rid)
+        node, p = m.last_device_node, m.device_prefix_len
+        lock = self.cache.inc_lock_ref(node)
+        own, need = self._slot(), len(ids) - p
+        if self.alloc.available_size() < need:
+            self.cache.evict(EvictParams(num_tokens=need - self.alloc.available_size()))
+        values = torch.cat([self.cache.path_device_indices(node)[:p], self.alloc.alloc(need)])
+        prev = p
+        for end in list(range(p + self.chunk, len(ids), self.chunk)) + [len(ids)]:
+            t0 = time.perf_counter()
+            state = own if end == len(ids) else self._slot()
+            r = self.cache.insert(InsertParams(key=RadixKey(ids[:end]), value=values[:end], mamba_value=state,
+                                               prev_prefix_len=prev))
+            if r.mamba_exist:
+                self.pool.mamba_allocator.free(state)
+            prev = end
+            if times is not None:
+                times["checkpoint" if end < len(ids) else "release"].append(ms(t0))
+        self.cache.dec_lock_ref(node, lock.to_dec_params())
+
+    def evict(self, tokens: int) -> None:
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+        self.cache.evict(EvictParams(num_tokens=tokens))
+
+    def cached_tokens(self) -> int:
+        return self.cache.full_evictable_size() + self.cache.full_protected_size()
+
+
+def per_call_us(fn, calls: int) -> float:
+    fn()
+    us = []
+    for _ in range(calls):
+        t0 = time.perf_counter_ns()
+        fn()
+        us.append((time.perf_counter_ns() - t0) / 1e3)
+    return round(statistics.median(us), 2)
+
+
+def worker(a) -> dict:
+    if a.code:
+        use_code(a.code)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_cachepool_sglang_hybrid as peer
+    kv_tokens = a.kv_tokens[0]
+    mamba_slots = max(64, kv_tokens // 4096)
+    alloc, pool, sg_cache = peer.build(kv_tokens, mamba_slots, max(a.long_prompt, a.fill_prompt) + 1, in_flight=1)
+    kv_free, state_free = Counted(alloc), Counted(pool.mamba_allocator)
+    tree = Sglang(alloc, pool, sg_cache, a.chunk) if a.worker == "sglang" else Ours(alloc, pool, a.chunk)
+    t0, i = time.perf_counter(), 0
+    while tree.cached_tokens() < 0.95 * kv_tokens - a.fill_prompt:
+        tree.serve(prompt(i, a.fill_prompt), f"fill-{i}")
+        i += 1
+    out: dict = {"tree": a.worker, "kv_tokens": kv_tokens, "mamba_slots": mamba_slots, "fill_requests": i,
+                 "fill_s": round(ms(t0) / 1e3, 1), "cached_tokens": tree.cached_tokens()}
+    cache = tree.cache
+    out["sizes_us"] = {q: per_call_us(getattr(cache, q), a.calls) for q in QUERIES}
+    evict_ms, frees = [], []
+    for _ in range(3):
+        before, t0 = kv_free.calls, time.perf_counter()
+        tree.evict(a.evict_tokens)
+        evict_ms.append(ms(t0))
+        frees.append(kv_free.calls - before)
+    out["evict"] = {"tokens": a.evict_tokens, "ms": [round(x, 2) for x in evict_ms], "kv_free_calls": frees}
+    times = {"checkpoint": [], "release": []}
+    long_ids = prompt(1000, a.long_prompt)
+    t0 = time.perf_counter()
+    tree.match(long_ids, "cold")
+    cold = ms(t0)
+    tree.serve(long_ids, "long", times)
+    t0 = time.perf_counter()
+    tree.match(long_ids, "warm")
+    out["long"] = {"tokens": a.long_prompt, "chunk": a.chunk, "checkpoints": len(times["checkpoint"]),
+                   "checkpoint_ms_median": round(statistics.median(times["checkpoint"]), 2),
+                   "checkpoint_ms_max": round(max(times["checkpoint"]), 2),
+                   "checkpoint_ms_total": round(sum(times["checkpoint"]), 1),
+                   "release_ms": round(times["release"][0], 2), "match_cold_ms": round(cold, 2),
+                   "match_warm_ms": round(ms(t0), 2)}
+    out["free_calls_total"] = {"kv": kv_free.calls, "state": state_free.calls}
+    if a.worker != "sglang":
+        out["hashing_ms"] = hashing(a)
+    return out
+
+
+def hashing(a) -> dict:
+    from prfaas_sgl.cachepool.hashing import block_hashes
+    res = {}
+    for bs in (16, 64):
+        for n in a.hash_lengths:
+            ids = prompt(7, n)
+            t0 = time.perf_counter()
+            block_hashes(ids, bs)
+            scratch = ms(t0)
+            t0 = time.perf_counter()
+            for end in range(a.chunk, n + 1, a.chunk):  # what a checkpoint per chunk did before
+                block_hashes(ids[:end], bs)
+            res[f"bs{bs}_{n}"] = {"scratch_ms": round(scratch, 2), "per_chunk_from_scratch_ms": round(ms(t0), 1)}
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kv-tokens", type=int, nargs="+", default=[500_000, 2_000_000])
+    ap.add_argument("--fill-prompt", type=int, default=32_768)
+    ap.add_argument("--long-prompt", type=int, default=131_072)
+    ap.add_argument("--chunk", type=int, default=8192, help="chunked-prefill size = checkpoint interval")
+    ap.add_argument("--evict-tokens", type=int, default=65_536)
+    ap.add_argument("--hash-lengths", type=int, nargs="+", default=[32_768, 131_072])
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--base-rev", default=BASE_REV)
+    ap.add_argument("--trees", nargs="+", default=["before", "after", "sglang"])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--code", help=argparse.SUPPRESS)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    if a.worker:
+        print(json.dumps(worker(a)))
+        return
+    result = {"args": {k: v for k, v in vars(a).items() if k not in ("worker", "code")},
+              "loadavg_start": os.getloadavg(), "runs": []}
+    with tempfile.TemporaryDirectory() as base:
+        archive = subprocess.run(["git", "archive", a.base_rev, "cachepool", "prfaas_sgl/cachepool_backend"],
+                                 cwd=ROOT, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", base], input=archive, check=True)
+        for n in a.kv_tokens:
+            for tree in a.trees:
+                cmd = [sys.executable, __file__, "--worker", "sglang" if tree == "sglang" else "ours",
+                       "--kv-tokens", str(n), "--fill-prompt", str(a.fill_prompt), "--long-prompt",
+                       str(a.long_prompt), "--chunk", str(a.chunk), "--evict-tokens", str(a.evict_tokens),
+                       "--calls", str(a.calls), "--hash-lengths", *map(str, a.hash_lengths)]
+                if tree == "before":
+                    cmd += ["--code", base]
+                done = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
+                run = dict(json.loads(done.stdout.strip().splitlines()[-1]), label=tree)
+                print(json.dumps(run), flush=True)
+                result["runs"].append(run)
+    result["loadavg_end"] = os.getloadavg()
+    if a.out:
+        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
