@@ -121,10 +121,15 @@ async def router_metrics(tok: str, stats_url: str) -> str:
             await s.close()
 
 
-def test_every_name_in_the_rules_and_the_dashboard_is_exported_live(tmp_path):
-    transport = transport_metrics()
+async def _both(tok: str) -> tuple[str, str]:
+    """(router, transport) expositions; the two processes start side by side (each takes seconds to boot)."""
+    transport = asyncio.create_task(asyncio.to_thread(transport_metrics))
     stats = f"http://127.0.0.1:{free_port()}/stats"  # polled and failing: the poll-error series is exported
-    router = asyncio.run(router_metrics(build_tiny_tokenizer(str(tmp_path / "tok")), stats))
+    return await router_metrics(tok, stats), await transport
+
+
+def test_every_name_in_the_rules_and_the_dashboard_is_exported_live(tmp_path):
+    router, transport = asyncio.run(_both(build_tiny_tokenizer(str(tmp_path / "tok"))))
     samples, declared = exported(transport)
     router_samples, router_declared = exported(router)
     samples |= router_samples
