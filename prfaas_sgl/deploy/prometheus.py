@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from prfaas_sgl.config import is_loopback
 from prfaas_sgl.deploy.config import Deployment, ServerEntry
 
+# the repository's copy: prfaas-sgl is installed editable (`make setup`), so this path is the checkout's
 RULES = Path(__file__).resolve().parents[2] / "deploy" / "monitoring" / "alerts.yml"
 RULES_NAME = "prfaas-alerts.yml"
 WILDCARDS = ("", "0.0.0.0", "::")
@@ -138,6 +139,8 @@ def render(dep: Deployment, out: Path) -> list[Path]:
     config = out / "prometheus.yml"
     config.write_text("\n".join(header + to_yaml(scrape_config(dep))) + "\n")
     rules = out / RULES_NAME
+    if not RULES.is_file():
+        raise FileNotFoundError(f"{RULES}: the alert rules live in the prfaas-sgl checkout (pip install -e it)")
     shutil.copyfile(RULES, rules)
     return [config, rules]
 
