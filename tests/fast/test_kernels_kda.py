@@ -245,7 +245,8 @@ def test_decode_rejects_what_cpu_cannot_do():
 
 
 def test_bf16_inputs_stay_close_to_fp32():
-    """bf16 activations with the fp32 state pool SGLang allocates for KDA; tolerance 0.05 absolute on O(1) outputs."""
+    """bf16 activations with the fp32 state pool SGLang allocates for KDA. Measured: 1.1e-3 (outputs up to 0.35),
+    2.7e-3 (state); asserted with ~4x margin."""
     lengths = [90, 3]
     q, k, v, _, _ = _inputs(lengths, 2, 2, 16, 16)
     a, b, A_log, dt_bias = _raw_gates(sum(lengths), 2, 16)
@@ -255,8 +256,8 @@ def test_bf16_inputs_stay_close_to_fp32():
     args16 = [x.bfloat16() for x in (q, k, v, a, b)]
     o16 = chunk_kda_cpu(*args16, None, pool16, None, True, _cu(lengths), **gates)
     assert o16.dtype == torch.bfloat16
-    assert (o16.float() - o32).abs().max() < 0.05
-    assert (pool16 - pool32).abs().max() < 0.05
+    assert (o16.float() - o32).abs().max() < 5e-3
+    assert (pool16 - pool32).abs().max() < 1e-2
 
 
 def _transformers_kda():
