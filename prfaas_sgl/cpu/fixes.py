@@ -21,6 +21,9 @@ def install(HookRegistry, HookType) -> None:
     from prfaas_sgl.cpu import kda_fixes  # Kimi Linear: KDA kernels, its sigmoid output norm, MLA on torch_native
 
     kda_fixes.install(HookRegistry, HookType)
+    from prfaas_sgl.cpu import swa_fixes  # MiMo-V2-Flash: attention sinks and SWA-pool reads on torch_native
+
+    swa_fixes.install(HookRegistry, HookType)
 
 
 def fla_gated_rmsnorm_on_cpu() -> None:
