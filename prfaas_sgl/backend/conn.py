@@ -9,8 +9,15 @@ from prfaas_sgl.backend.manager import PrfaasKVManager
 
 
 class PrfaasKVSender(CommonKVSender):
-    """No `supports_host_tensor_indices`: page ids are plain numpy arrays (the CUDA pinned-copy path of
-    SGLang's prefill needs a GPU); all the work is in `PrefillManager.add_transfer_request`."""
+    """All the work is in `PrefillManager.add_transfer_request`.
+
+    `supports_host_tensor_indices` on GPUs: SGLang's prefill then copies page ids into a pinned tensor
+    asynchronously and hands over an `indices_event` (our stager syncs it), so the scheduler thread never
+    waits for the forward. False on CPU, where that path would allocate pinned memory and CUDA events."""
+
+    @property
+    def supports_host_tensor_indices(self) -> bool:
+        return self.kv_mgr.memory.device != "cpu"
 
 
 class PrfaasKVReceiver(CommonKVReceiver):

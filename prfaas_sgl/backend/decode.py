@@ -1,5 +1,6 @@
-"""Decode side: one `ZmqReceiver` over the rank's KV pool writes incoming pages in place; a request's
-status turns Success only when the prefill reported Success *and* our receiver verified every byte."""
+"""Decode side: one `ZmqReceiver` over the rank's KV pool writes incoming pages in place (on GPUs through
+its receive ring and a copy stream); a request's status turns Success only when the prefill reported
+Success *and* our receiver verified every byte and finished every copy into the pool."""
 from __future__ import annotations
 
 import logging
@@ -8,7 +9,7 @@ from sglang.srt.disaggregation.base.conn import KVPoll
 
 from prfaas_sgl.backend import control
 from prfaas_sgl.backend.manager import PrfaasKVManager
-from prfaas_sgl.backend.memory import flat, flat_states, transfer_id
+from prfaas_sgl.backend.memory import flat_states, index_len, transfer_id
 from prfaas_sgl.backend.settings import faults_from_env, offset_port
 from prfaas_sgl.transfer.receiver import ZmqReceiver
 
@@ -20,7 +21,8 @@ class DecodeManager(PrfaasKVManager):
         super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
         port = offset_port(self.prfaas_config.zmq_data_port, args.engine_rank)
         self.receiver = ZmqReceiver(self.memory.layout, self.memory.buffers, self.transfer_config,
-                                    host=self.local_ip, port=port, faults=faults_from_env())
+                                    host=self.local_ip, port=port, faults=faults_from_env(),
+                                    devices=self.memory.devices)
         self.expected: dict[int, int] = {}  # room → data-plane transfer id
         self.peer_rejections: dict[str, str] = {}  # prefill bootstrap address → why it is incompatible
         self.data_plane = self.receiver
@@ -58,7 +60,7 @@ class DecodeManager(PrfaasKVManager):
                                         device_kv_indices=None) -> list[bytes]:
         return control.encode(control.Metadata(
             room=int(bootstrap_room), endpoint=self.local_ip, dst_port=self.rank_port,
-            npages=0 if is_dummy else len(flat(kv_indices)),
+            npages=0 if is_dummy else index_len(kv_indices),
             aux_index=None if is_dummy or aux_index is None else int(aux_index),
             state_indices=[] if is_dummy else flat_states(state_indices),
             decode_prefix_len=int(decode_prefix_len or 0), required_dst_info_num=int(required_dst_info_num),
@@ -69,7 +71,7 @@ class DecodeManager(PrfaasKVManager):
     def expect(self, room: int, kv_indices, aux_index, state_indices) -> str | None:
         """Register the request's destination regions before telling prefill where to send.
         Returns a failure reason, or None."""
-        regions = self.memory.page_regions(flat(kv_indices)) + self.memory.tail_regions(state_indices, aux_index)
+        batch = self.memory.batch(kv_indices, state_indices, aux_index)  # checked vectorised by expect()
         tid = transfer_id(room, self.local_ip, self.rank_port)
         # The deadline covers the prefill's queueing and compute too, hence SGLang's waiting timeout;
         # a dead prefill is caught sooner by the heartbeat.
@@ -78,7 +80,7 @@ class DecodeManager(PrfaasKVManager):
         if fatal is not None:  # expect() would wait 10 s for a loop that is gone; check_status stops the server
             return f"prfaas_zmq: cannot receive room {room}: data plane is dead: {fatal}"
         try:
-            self.receiver.expect(tid, regions, timeout_s=timeout_s)
+            self.receiver.expect(tid, batch, timeout_s=timeout_s)
         except ValueError as e:
             return f"prfaas_zmq: cannot receive room {room}: {e}"
         except Exception as e:  # a stalled or dead loop (TimeoutError, RuntimeError, ZMQError) fails this room only

@@ -46,11 +46,12 @@ class PrfaasKVManager(CommonKVManager):
         return super().__new__(cls)
 
     def __init__(self, args, disaggregation_mode, server_args, is_mla_backend=False):
-        if getattr(server_args, "device", "cpu") != "cpu":
-            # The data plane reads/writes pool memory through host pointers; device memory needs a
-            # staging copy that is not written yet. Fail at start-up, not with a segfault later.
-            raise ValueError(f"--disaggregation-transfer-backend prfaas_zmq needs --device cpu for now "
-                             f"(got {server_args.device!r}); use mooncake on GPUs")
+        device = str(getattr(server_args, "device", "cpu") or "cpu")
+        if device not in ("cpu", "cuda"):
+            # the staged path gathers with torch on host memory or CUDA (issue 13); other devices' pool
+            # pointers cannot be viewed: fail at start-up, not with a crash at the first transfer
+            raise ValueError(f"--disaggregation-transfer-backend prfaas_zmq runs on --device cpu or cuda, "
+                             f"got {device!r}; use mooncake there")
         super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
         self.prfaas_config = compat.get_config(server_args)
         problem = insecure_problem(self.prfaas_config, self.local_ip)
@@ -59,7 +60,7 @@ class PrfaasKVManager(CommonKVManager):
         self.transfer_config = transfer_config(self.prfaas_config)
         keys = self.transfer_config.keys_dir
         self.register_secret = register_secret(keys) if keys else None  # HMAC key of Register messages
-        self.memory = KVMemory.of(args)
+        self.memory = KVMemory.of(args, device)
         self.data_plane = None  # the role's ZmqSender / ZmqReceiver
         self._stopped = False
         log.info("prfaas_zmq %s rank %s: %s", disaggregation_mode.value, args.engine_rank, self.memory.describe())

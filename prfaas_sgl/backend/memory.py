@@ -10,6 +10,12 @@ Buffer ids, identical on both sides of a transfer when both run the same model a
 A request's bytes per buffer form one stream: decode lists every page it allocated (suffix past its
 cached prefix) up front; prefill sends the same pages chunk by chunk in request order, so page k of
 the prefill's suffix lands on page k of the decode's suffix whatever the physical page ids are.
+
+Both sides name what moves as item ids (`ItemBatch`, the staged path of issue 13): the scheduler thread
+hands SGLang's id arrays over as they are, and every byte computation runs on the transfer threads.
+Devices: K/V and state buffers live where the server runs (`cuda:<gpu_id>` on GPUs), aux rows in host
+memory always (SGLang's `MetadataBuffers` use device "cpu" unless Mooncake's NVLink pool is on). This is
+local knowledge only: the wire layout has no devices, so a CPU prefill pairs with a GPU decode.
 """
 from __future__ import annotations
 
@@ -20,7 +26,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from prfaas_sgl.transfer.layout import BufferSpec, MemoryLayout, Region, item_regions
+from prfaas_sgl.transfer.items import HeadSlice, ItemBatch, Items
+from prfaas_sgl.transfer.layout import BufferSpec, MemoryLayout
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +37,16 @@ class KVMemory:
     kv_ids: tuple[int, ...]
     state_ids: tuple[tuple[int, ...], ...]  # per state component (parallel to KVArgs.state_types)
     aux_ids: tuple[int, ...]
+    devices: tuple[str, ...] = ()  # per layout entry: "cpu" or "cuda:N"
+
+    @property
+    def device(self) -> str:
+        """Where the K/V pool lives ("cpu" or "cuda:N")."""
+        return self.devices[self.kv_ids[0]] if self.kv_ids and self.devices else "cpu"
 
     @classmethod
-    def of(cls, args: Any) -> "KVMemory":
+    def of(cls, args: Any, device: str = "cpu") -> "KVMemory":
+        """`device`: the server's --device ("cpu" or "cuda"; K/V and states live there, aux on the host)."""
         specs: list[BufferSpec] = []
         bufs: list[tuple[int, int]] = []
 
@@ -48,26 +62,35 @@ class KVMemory:
                                                                getattr(args, "state_data_lens", []) or [],
                                                                getattr(args, "state_item_lens", []) or []))
         aux = add("aux", args.aux_data_ptrs, args.aux_data_lens, args.aux_item_lens)
-        return cls(MemoryLayout(tuple(specs)), tuple(bufs), kv, states, aux)
+        pool = f"cuda:{int(getattr(args, 'gpu_id', 0) or 0)}" if str(device).startswith("cuda") else "cpu"
+        devices = tuple("cpu" if i in aux else pool for i in range(len(specs)))
+        return cls(MemoryLayout(tuple(specs)), tuple(bufs), kv, states, aux, devices)
 
-    def page_regions(self, pages: Sequence[int]) -> list[Region]:
-        """Regions of `pages` (page ids, request order) in every K/V buffer."""
-        return item_regions(self.layout, self.kv_ids, pages) if len(pages) else []
-
-    def tail_regions(self, state_indices: Sequence[Any] | None, aux_index: int | None) -> list[Region]:
-        """The last piece of a request: its items of every state component, then its aux row."""
-        out: list[Region] = []
+    def batch(self, pages: Any, state_indices: Sequence[Any] | None = None, aux_index: int | None = None,
+              head: HeadSlice | None = None, **sync: Any) -> ItemBatch:
+        """One piece of a request as item ids: `pages` (SGLang's page-id array, request order; kept as
+        given: O(1)) of every K/V buffer, then, with the last piece, its slots of every state component and
+        its aux row. `head` slices KV heads (different TP sizes); `sync` = ItemBatch's ready/events."""
+        groups = [Items(self.kv_ids, pages, head)] if self.kv_ids and index_len(pages) else []
         for ids, indices in zip(self.state_ids, state_indices or ()):
-            if indices is not None:
-                out += item_regions(self.layout, ids, flat(indices))
-        if aux_index is not None:
-            out += item_regions(self.layout, self.aux_ids, [int(aux_index)])
-        return out
+            if indices is not None and ids:
+                groups.append(Items(ids, np.asarray(flat(indices), dtype=np.int64)))
+        if aux_index is not None and self.aux_ids:
+            groups.append(Items(self.aux_ids, np.array([int(aux_index)], dtype=np.int64)))
+        return ItemBatch(tuple(groups), **sync)
 
     def describe(self) -> str:
         return (f"{len(self.kv_ids)} kv buffers ({self.layout.buffers[0].item_len if self.kv_ids else 0} B/page), "
                 f"{sum(map(len, self.state_ids))} state buffers in {len(self.state_ids)} components, "
                 f"{len(self.aux_ids)} aux buffers")
+
+
+def index_len(indices: Any) -> int:
+    """Number of page ids in SGLang's `kv_indices` (numpy array, torch tensor or list) without reading them."""
+    if indices is None:
+        return 0
+    shape = getattr(indices, "shape", None)
+    return int(shape[0]) if shape is not None and len(shape) == 1 else len(flat(indices))
 
 
 def flat(indices: Any) -> list[int]:
@@ -87,7 +110,10 @@ def flat_states(state_indices: Iterable[Any] | None) -> list[list[int] | None]:
     return [None if s is None else flat(s) for s in (state_indices or ())]
 
 
-def transfer_id(room: int, decode_ip: str, decode_port: int) -> int:
-    """Data-plane transfer id of one (room, decode rank) pair; both sides derive it from the same facts,
-    so one prefill rank can feed several decode ranks of the same room without id clashes."""
-    return xxhash.xxh3_64_intdigest(f"{room}@{decode_ip}:{decode_port}".encode()) >> 1
+def transfer_id(room: int, decode_ip: str, decode_port: int, src_rank: int = 0) -> int:
+    """Data-plane transfer id of one (room, decode rank, prefill rank) triple; both sides derive it from
+    the same facts, so one prefill rank can feed several decode ranks of a room, and several prefill
+    ranks one decode rank (prefill TP > decode TP), without id clashes. Prefill rank 0 keeps the id of
+    the single-source case."""
+    tail = f"#{src_rank}" if src_rank else ""
+    return xxhash.xxh3_64_intdigest(f"{room}@{decode_ip}:{decode_port}{tail}".encode()) >> 1

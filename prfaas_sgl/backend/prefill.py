@@ -1,5 +1,9 @@
 """Prefill side: learns decode peers and request destinations from control messages, streams each
-finished chunk with `ZmqSender`, and reports Success only once the decode's receiver verified it all."""
+finished chunk with `ZmqSender`, and reports Success only once the decode's receiver verified it all.
+
+Threads: SGLang's scheduler calls `add_transfer_request`, which does O(1) work per chunk (the page-id
+array goes to the sender as it is, issue 13); the sender's loop and stager threads plan, gather and send;
+the watch thread concludes rooms when the sender signals a terminal transfer (no polling period)."""
 from __future__ import annotations
 
 import logging
@@ -16,14 +20,16 @@ from sglang.srt.environ import envs
 from prfaas_sgl.backend import control
 from prfaas_sgl.backend.admission import Admission, PeerBook
 from prfaas_sgl.backend.manager import PrfaasKVManager
-from prfaas_sgl.backend.memory import flat, transfer_id
+from prfaas_sgl.backend.memory import index_len, transfer_id
 from prfaas_sgl.backend.settings import faults_from_env, offset_port
 from prfaas_sgl.transfer.config import PeerInfo
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState, TransferStatus
 
 log = logging.getLogger(__name__)
-_WATCH_S = 0.002  # completion polling period while transfers are open (a dict lookup per transfer)
+# Fallback wake-up of the watch thread while rooms are open: transfers signal their end (on_terminal) and
+# failures from other threads set the wake too; this only bounds a missed signal.
+_WATCH_S = 0.1
 MAX_UNSTARTED = 16384  # rooms with Metadata and no chunk yet (a Metadata is ~100 B, kept ~10 min)
 
 
@@ -41,15 +47,16 @@ class PrefillManager(PrfaasKVManager):
     def __init__(self, args, disaggregation_mode, server_args, is_mla_backend=False):
         super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
         stats = offset_port(self.prfaas_config.zmq_stats_port, args.engine_rank) or None
+        self._wake = threading.Event()
         self.sender = ZmqSender(self.memory.layout, self.memory.buffers, self.transfer_config,
                                 faults=faults_from_env(), stats_port=stats,
-                                stats_host=self.prfaas_config.zmq_stats_host)
+                                stats_host=self.prfaas_config.zmq_stats_host, devices=self.memory.devices,
+                                on_terminal=lambda _tid: self._wake.set())
         self.data_plane = self.sender
         self.peers = PeerBook(Admission(self.register_secret, self.transfer_config.keys_dir))
         self.rejections: dict[str, str] = {}  # decode session → why we cannot send to it
         self._open: dict[int, _Outgoing] = {}
         self._lock = threading.Lock()
-        self._wake = threading.Event()
         # rooms with Metadata whose prefill has not sent a chunk yet → when the Metadata came (L1). By
         # then the decode gave up (waiting timeout), and SGLang's sender fails a room it cannot find.
         self._unstarted: dict[int, float] = {}
@@ -60,9 +67,14 @@ class PrefillManager(PrfaasKVManager):
 
     # -- scheduler thread ----------------------------------------------------------------------------
     def add_transfer_request(self, bootstrap_room, kv_indices, index_slice, is_last_chunk, aux_index=None,
-                             state_indices=None, num_kv_tokens=None, **_ignored) -> None:
+                             state_indices=None, num_kv_tokens=None, *, wait_event=None, indices_event=None,
+                             **_ignored) -> None:
         """Queue one prefill chunk (`kv_indices`: page ids, request order; `index_slice`: their place in
-        the pages sent for this request). The last chunk also carries state items and the aux row."""
+        the pages sent for this request). The last chunk also carries state items and the aux row.
+
+        O(1) in the number of pages: the id array is handed over unread. `wait_event` (early send of a
+        cached prefix: the forward may still write it) is waited for on the gather stream; `indices_event`
+        guards a pinned page-id tensor still being copied from the GPU, so the stager syncs it first."""
         room = bootstrap_room
         with self._lock:  # _expire_unstarted forgets a room under the lock, never halfway
             self._unstarted.pop(room, None)
@@ -74,22 +86,32 @@ class PrefillManager(PrfaasKVManager):
             reason = f"prfaas_zmq: no decode destination for room {room}"
             self.conclude_failure(bootstrap_room=room, failure_reason=reason)
             return
-        pages = flat(kv_indices)
-        regions = self.memory.page_regions(pages)
-        if is_last_chunk:
-            regions += self.memory.tail_regions(state_indices, aux_index)
+        npages = index_len(kv_indices)
+        sync = self._sync(wait_event, indices_event)
+        tail = (state_indices, aux_index) if is_last_chunk else (None, None)
         for session, info in list(infos.items()):
             if info.is_dummy:
                 continue
-            problem = self._problem(session, info, index_slice, len(pages))
+            problem = self._problem(session, info, index_slice, npages)
             if problem:
                 self.conclude_failure(bootstrap_room=room, failure_reason=problem)
                 return
-            self._send(room, session, info, regions, is_last_chunk)
+            self._send(room, session, info, self.memory.batch(kv_indices, *tail, **sync), is_last_chunk)
         if is_last_chunk and all(i.is_dummy for i in infos.values()):
             self.update_status(room, KVPoll.Success)  # nothing of ours goes to a dummy rank
         else:
             self.update_status(room, KVPoll.Transferring)
+
+    def _sync(self, wait_event, indices_event) -> dict:
+        """What the stager must wait for before reading this chunk (see add_transfer_request)."""
+        events = [wait_event] if wait_event is not None else []
+        if self.memory.device != "cpu":
+            import torch  # defence in depth: whatever the scheduler's stream still has queued
+
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream())
+            events.append(ev)
+        return {"events": tuple(events), "ready": indices_event.synchronize if indices_event is not None else None}
 
     def _problem(self, session: str, info: control.Metadata, index_slice: slice, npages: int) -> str | None:
         if session not in self.peers:
@@ -102,7 +124,7 @@ class PrefillManager(PrfaasKVManager):
         # the watch thread may have forgotten an expired room since SGLang's poll saw it
         return self.request_status.get(bootstrap_room, KVPoll.Failed)
 
-    def _send(self, room: int, session: str, info: control.Metadata, regions, last: bool) -> None:
+    def _send(self, room: int, session: str, info: control.Metadata, batch, last: bool) -> None:
         peer = self.peers.get(session)
         if peer is None:  # evicted from the book since _problem looked
             self.conclude_failure(bootstrap_room=room, failure_reason=f"decode {session} is no longer registered")
@@ -114,7 +136,7 @@ class PrefillManager(PrfaasKVManager):
             out = self._open.setdefault(room, _Outgoing(room))
             out.tids[tid] = (info.endpoint, info.dst_port)
             out.closed = out.closed or last
-        self.sender.send(tid, PeerInfo(peer.data_host, peer.data_port, peer.server_key), regions, last=last)
+        self.sender.send(tid, PeerInfo(peer.data_host, peer.data_port, peer.server_key), batch, last=last)
         self._wake.set()
 
     # -- control thread: decode → prefill messages ---------------------------------------------------
@@ -141,6 +163,7 @@ class PrefillManager(PrfaasKVManager):
             if note is not None and self.request_status.get(note.room) not in (None, KVPoll.Success):
                 self.record_first_failure(note.room, "aborted by decode")
                 self.update_status(note.room, KVPoll.Failed)
+                self._wake.set()  # the watch thread drops the room and releases its transfers now
             return
         msg = control.decode(frames)
         if isinstance(msg, control.Register):
@@ -185,6 +208,8 @@ class PrefillManager(PrfaasKVManager):
     def _watch_loop(self) -> None:
         last_expiry = time.monotonic()
         while not self._stopped:
+            self._wake.wait(_WATCH_S if self._open else 0.5)
+            self._wake.clear()  # before the step: a signal during it wakes the next wait at once
             try:
                 self._watch_step()
                 if time.monotonic() - last_expiry > 1.0:
@@ -195,11 +220,7 @@ class PrefillManager(PrfaasKVManager):
                 time.sleep(_WATCH_S)
 
     def _watch_step(self) -> None:
-        if not self._open:
-            self._wake.wait(0.5)
-            self._wake.clear()
-            return
-        time.sleep(_WATCH_S)
+        """One pass over the open rooms: conclude those whose transfers all ended (or one failed)."""
         with self._lock:
             rooms = list(self._open.values())
         for out in rooms:
