@@ -69,6 +69,7 @@ class RouteInput:
     # decode cache affinity (RouterConfig.decode_affinity_slack): -1 off; else the decode holding the
     # longest prefix wins unless it runs more than this many requests beyond the least-loaded decode
     decode_slack: int = -1
+    waited_s: float = float("inf")  # seconds this request was already held by pacing; inf = caller cannot hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,7 @@ class Decision:
     decode: str  # instance name
     incremental_len: int  # prompt_len - cached prefix on the chosen prefill instance
     reason: str  # short machine-readable reason, used as a metrics label
+    pace_s: float = 0.0  # > 0: not yet; hold the request this long, then decide again (PacedPolicy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,8 @@ class PolicyParams:
     hold_s: float = 1.0  # once congested, the link counts as congested at least this long
     slack: float = 0.5  # bandwidth-aware: the other pool must be this fraction sooner to take a request
     target_s: float = 6.0  # ... and have it ready within this many seconds (keep below the TTFT SLO)
+    pace_max_s: float = 1.0  # paced: a remote-bound request is held at most this long in all
+    pace_step_s: float = 0.25  # paced: decide again after at most this long
 
     def __post_init__(self) -> None:
         if self.threshold < 0:
@@ -140,8 +144,10 @@ class PolicyParams:
             raise ValueError("need 0 < low_watermark <= high_watermark")
         if self.budget_s <= 0 or self.target_s <= 0:
             raise ValueError("budget_s and target_s must be > 0 seconds")
-        if self.hold_s < 0 or self.overload_tokens < 0 or self.slack < 0:
-            raise ValueError("hold_s, overload_tokens and slack must be >= 0")
+        if self.hold_s < 0 or self.overload_tokens < 0 or self.slack < 0 or self.pace_max_s < 0:
+            raise ValueError("hold_s, overload_tokens, slack and pace_max_s must be >= 0")
+        if self.pace_step_s <= 0:
+            raise ValueError("pace_step_s must be > 0 seconds")
 
 
 class RoutingPolicy(Protocol):
@@ -309,18 +315,25 @@ class BandwidthAwarePolicy(ThresholdPolicy):
             self.congested, self.congested_since = True, now
         return self.congested
 
+    def remote_parts(self, inp: RouteInput, remote: InstanceView, req_bytes: float) -> tuple[float, float, float]:
+        """(compute, link, ahead) estimated seconds of the remote route: PrfaaS wait + prefill; the link's drain
+        time of the bytes it cannot clear meanwhile plus this request's; of those bytes alone. KV streams
+        during the prefill, so the later of compute and link ends it."""
+        c, link = self.cost, inp.link
+        rc = c.remote_coef
+        wait_r = rc[0] * remote.inflight + rc[1] * remote.queued_tokens
+        ahead = max(0.0, link.bytes_in_flight + link.bytes_queued - link.drain_bps() / 8 * wait_r)
+        compute_s = wait_r + c.prefill_s_remote(inp.prompt_len - remote.cached_prefix)
+        return compute_s, link.transfer_s(ahead + req_bytes), link.transfer_s(ahead)
+
     def ready_s(self, inp: RouteInput, local: InstanceView, remote: InstanceView,
                 req_bytes: float) -> tuple[float, float]:
         """(local, remote) estimated seconds until this request's KV is ready for decode."""
-        c, link = self.cost, inp.link
-        lc, rc = c.local_coef, c.remote_coef
+        lc = self.cost.local_coef
         wait_l = lc[0] * local.inflight + lc[1] * local.queued_tokens
-        wait_r = rc[0] * remote.inflight + rc[1] * remote.queued_tokens
-        ahead = max(0.0, link.bytes_in_flight + link.bytes_queued - link.drain_bps() / 8 * wait_r)
-        local_s = wait_l + c.prefill_s_local(inp.prompt_len - local.cached_prefix)
-        remote_s = max(wait_r + c.prefill_s_remote(inp.prompt_len - remote.cached_prefix),
-                       link.transfer_s(ahead + req_bytes)) + link.queue_delay_s
-        return local_s, remote_s
+        local_s = wait_l + self.cost.prefill_s_local(inp.prompt_len - local.cached_prefix)
+        compute_s, link_s, _ = self.remote_parts(inp, remote, req_bytes)
+        return local_s, max(compute_s, link_s) + inp.link.queue_delay_s
 
     def moves(self, stay_s: float, move_s: float, margin: float) -> bool:
         return move_s * margin < stay_s and move_s <= self.params.target_s
@@ -346,11 +359,48 @@ class BandwidthAwarePolicy(ThresholdPolicy):
         return first
 
 
+PACE_MIN_S = 0.05  # shorter holds are not worth a timer (and would re-decide without end)
+
+
+class PacedPolicy(BandwidthAwarePolicy):
+    """Bandwidth-aware, plus pacing: a remote-bound request waits at the router while the link is the
+    bottleneck, instead of joining the transfers on it or moving to the local prefill pool.
+
+    Transfers share the link (many TCP flows): one more started on a link that already binds slows every
+    one in flight, and a long prompt moved local costs the busy local pool a quadratic prefill that pushes the
+    short requests behind it. So when the bandwidth-aware decision for a long request would send it to
+    PrfaaS and the link would still be busy with others' bytes when its prefill ends (``ahead > compute``:
+    its KV would wait for the wire anyway, and slow theirs meanwhile), the request is held for
+    min(ahead - compute, ``pace_step_s``) and decided again, ``pace_max_s`` in all; then the bandwidth-aware
+    decision stands. A long request the bandwidth-aware rules move local (the local pool has it ready within
+    ``target_s``) is not held: that pool has room. Holding needs the caller to wait (``RouteInput.waited_s``
+    finite): the router's ``RoutingCore.route_paced`` and the simulator do.
+    """
+
+    def decide(self, inp: RouteInput) -> Decision:
+        d = super().decide(inp)
+        room = self.params.pace_max_s - inp.waited_s
+        if room <= 0 or d.reason != "long":
+            return d
+        r_cands = healthy(inp, "prfaas")
+        if not r_cands:
+            return d
+        remote, _ = pick_prefill(r_cands, inp.prompt_len, self.params.overload_tokens)
+        dec = next(i for i in inp.instances if i.name == d.decode)
+        own = self.cost.kv_bytes(inp.prompt_len - dec.cached_prefix)
+        compute_s, _, ahead_s = self.remote_parts(inp, remote, own)
+        hold = min(ahead_s - compute_s, self.params.pace_step_s, room)
+        if hold < PACE_MIN_S:
+            return d
+        return Decision("prfaas", remote.name, d.decode, inp.prompt_len - remote.cached_prefix, "paced", hold)
+
+
 POLICIES = MappingProxyType({
     "local_only": LocalOnlyPolicy,
     "all_remote": AllRemotePolicy,
     "threshold": ThresholdPolicy,
     "bandwidth_aware": BandwidthAwarePolicy,
+    "paced": PacedPolicy,
 })
 
 

@@ -5,8 +5,10 @@ Synchronous and cheap: it runs on the event loop for every request.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+import time
 from typing import Any, Protocol, Sequence
 
 from .cluster import Cluster
@@ -36,7 +38,7 @@ def model_cost(cfg: RouterConfig) -> ModelCost:
 
 
 ADMIN_KEYS = ("policy", "threshold", "high_watermark", "low_watermark", "cache_rule", "overload_tokens", "hold_s",
-              "slack", "target_s")
+              "slack", "target_s", "pace_max_s", "pace_step_s")
 
 
 class RoutingCore:
@@ -55,6 +57,21 @@ class RoutingCore:
         d = self.policy.decide(self.cluster.route_input(prompt_len, hashes, now))
         self._commit(d, hashes, now)
         return d
+
+    async def route_paced(self, prompt_len: int, hashes: Sequence[int]) -> Decision:
+        """``route`` for a caller that can wait: the paced policy may hold a remote-bound request while the
+        link binds (``Decision.pace_s``); each hold is counted as ``decisions{route="held"}``, then the request
+        is decided again on fresh state. Other policies never hold, so this is ``route`` for them."""
+        t0 = time.monotonic()
+        while True:
+            now = time.monotonic()
+            inp = dataclasses.replace(self.cluster.route_input(prompt_len, hashes, now), waited_s=now - t0)
+            d = self.policy.decide(inp)
+            if d.pace_s <= 0:
+                self._commit(d, hashes, now)
+                return d
+            self.metrics.decisions.labels("held", d.reason).inc()
+            await asyncio.sleep(d.pace_s)
 
     def retry_route(self, prompt_len: int, hashes: Sequence[int], exclude: frozenset[str], now: float) -> Decision:
         inp = self.cluster.route_input(prompt_len, hashes, now)

@@ -22,6 +22,8 @@ class SimConfig:
     hold_s: float = 5.0
     slack: float = 0.5  # bandwidth_aware: PolicyParams.slack / target_s
     target_s: float = 6.0
+    pace_max_s: float = 1.0  # paced: PolicyParams.pace_max_s / pace_step_s
+    pace_step_s: float = 0.25
     controller: bool = False  # run the long-term controller on simulated time
     controller_interval_s: float = 60.0
     controller_max_step_frac: float = 0.25

@@ -72,7 +72,8 @@ class Simulator:
                                                  BlockLRU(cap)) for i in range(n_d)}
         params = PolicyParams(threshold=int(threshold), cache_rule=cfg.cache_rule, high_watermark=cfg.high_watermark,
                               low_watermark=cfg.low_watermark, budget_s=cfg.budget_s, hold_s=cfg.hold_s,
-                              slack=cfg.slack, target_s=cfg.target_s)
+                              slack=cfg.slack, target_s=cfg.target_s, pace_max_s=cfg.pace_max_s,
+                              pace_step_s=cfg.pace_step_s)
         self.policy = make_policy(cfg.policy, params, model_cost(sys))
         self.link = PSLink(sys.link_Bps * self._bw_at(0.0))
         self.committed = 0.0  # KV bytes routed remote whose transfer has not started
@@ -135,11 +136,15 @@ class Simulator:
                   for d in self.decode.values()]
         rate_bps = self.link.rate * 8
         link = LinkView(self.sys.link_Bps * 8, rate_bps, self.link.in_flight(now), 0.0, self.committed)
-        return RouteInput(req.input_len, tuple(views), link, now)
+        return RouteInput(req.input_len, tuple(views), link, now, waited_s=now - req.arrival)
 
     def on_arrive(self, now: float, req: SimRequest, _v: int) -> None:
         inp = self.route_input(req, now)
         dec = self.policy.decide(inp)
+        if dec.pace_s > 0:  # paced: the router holds it, then decides again
+            req.held_s = now + dec.pace_s - req.arrival
+            self.push(now + dec.pace_s, ARRIVE, req)
+            return
         req.route, req.reason, req.prefill, req.decode = dec.route, dec.reason, dec.prefill, dec.decode
         req.incremental = max(dec.incremental_len, 1)
         self.assigned[dec.decode] += 1

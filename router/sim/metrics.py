@@ -21,7 +21,8 @@ def _pct(x: np.ndarray) -> dict:
 
 def request_arrays(reqs: list[SimRequest]) -> dict[str, np.ndarray]:
     arr = {k: np.array([getattr(r, k) for r in reqs], dtype=float)
-           for k in ("arrival", "decode_start", "decode_end", "kv_bytes", "input_len", "incremental", "output_len")}
+           for k in ("arrival", "decode_start", "decode_end", "kv_bytes", "input_len", "incremental", "output_len",
+                     "held_s")}
     arr["remote"] = np.array([r.route == "prfaas" for r in reqs], dtype=bool)
     arr["ttft"] = arr["decode_start"] - arr["arrival"]
     arr["tpot"] = (arr["decode_end"] - arr["decode_start"]) / arr["output_len"]
@@ -55,6 +56,7 @@ def summarize(reqs: list[SimRequest], samples: list[Sample], cfg: SimConfig, win
             "goodput_rps": float(good.sum()) / window_s, "slo_attainment": float(good.sum()) / n,
             "ttft_s": _pct(arr["ttft"][done]), "tpot_s": _pct(arr["tpot"][done]),
             "offload_fraction": float(arr["remote"].mean()) if reqs else 0.0,
+            "paced_fraction": float((arr["held_s"] > 0).mean()) if reqs else 0.0,
             "cache_hit_token_fraction": float(1 - arr["incremental"].sum() / lens) if lens else 0.0,
             "link_util_mean": float(link.mean()), "link_util_max": float(link.max()),
             "link_gbytes": float(arr["kv_bytes"].sum() / 1e9), **util,

@@ -42,3 +42,27 @@ def plot_timeseries(docs: dict[str, dict], path: Path, title: str = "") -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def plot_shift(docs: dict[str, dict], path: Path, title: str = "") -> Path:
+    """Goodput, P90 TTFT (by arrival time) and the local prefill servers serving, one line per labelled run."""
+    plt = _plt()
+    fig, axes = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
+    for label, doc in docs.items():
+        ts = doc["timeseries"]
+        t = [x / 60 for x in ts["t"]]
+        axes[0].plot(t, ts["goodput_rps"], label=label, lw=1)
+        axes[1].plot(t, [v if v is not None else float("nan") for v in ts["ttft_p90_s"]], lw=1)
+        axes[2].step(t, ts["n_prefill"], where="post", lw=1)
+    for ax, lab in zip(axes, ["goodput (req/s)", "P90 TTFT (s)", "local prefill servers"]):
+        ax.set_ylabel(lab, fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[1].set_yscale("log")
+    axes[0].legend(fontsize=7)
+    axes[-1].set_xlabel("simulated time (min)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

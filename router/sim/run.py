@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from ..planner.optimize import plan_homogeneous, plan_prfaas
 from ..planner.scenario import Scenario
@@ -47,4 +47,5 @@ def simulate(scn: Scenario, cfg: SimConfig) -> dict:
     split = (sum(s.pool == "local_prefill" for s in sim.prefill.values()), len(sim.decode))
     doc = summarize(sim.reqs, sim.samples, cfg, window, wall, t0, split)
     doc["scenario"] = scn.name
+    doc["switches"] = [asdict(sw) for sw in sim.mover.done] if sim.mover is not None else []
     return doc

@@ -1,6 +1,6 @@
 """The studies behind docs/simulation.md; each writes one PNG and prints JSON.
 
-    python3 -m prfaas_sgl.router.sim.studies {capacity,burst,prefix,dense} --out docs/img
+    python3 -m prfaas_sgl.router.sim.studies {capacity,burst,prefix,dense,shift} --out docs/img
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ..planner.optimize import plan_homogeneous, plan_naive, plan_prfaas
 from ..planner.scenario import with_prefix_hits
 from .config import sim_config
 from .metrics import request_arrays
-from .plots import _plt, plot_timeseries
+from .plots import _plt, plot_shift, plot_timeseries
 from .run import build, simulate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,7 +112,39 @@ def dense(out: Path) -> dict:
     return rows
 
 
-STUDIES = {"capacity": capacity, "burst": burst, "prefix": prefix, "dense": dense}
+H = 3600.0
+# short-heavy hour (lengths x 0.5), long-heavy hour (x 2), short-heavy again; rates near what the best split of
+# each mix sustains (planner: 1/7 -> 4.73 req/s short-heavy, 5/3 -> 2.05 long-heavy; the static 3/5: 3.91, 1.79)
+SHIFT = ((0.0, 3.5, 0.5), (H, 1.9, 2.0), (2 * H, 3.5, 0.5))
+SHIFT_RUNS = {"static split 3/5, t = 19.6K": {},
+              "controller: t only": {"controller": True},
+              "controller: t + split": {"controller": True, "actuate": True}}
+
+
+def shift(out: Path) -> dict:
+    """Static split vs the controller moving servers, through a traffic shift (one seed, three hours)."""
+    scn = load_scenario(CASE)
+    base = {**scn.sim, "duration_s": 3 * H, "phases": [list(p) for p in SHIFT], "controller_window": 1024,
+            "switch_s": 180.0, "dwell_s": 300.0, "confirm": 2, "max_step": 2}
+    docs, rows = {}, {}
+    for label, kw in SHIFT_RUNS.items():
+        doc = simulate(scn, sim_config(base, **kw))
+        docs[label] = doc
+        ts, tot = doc["timeseries"], doc["totals"]
+        t, good = np.array(ts["t"]), np.array(ts["goodput_rps"])
+        p90 = np.array([np.nan if v is None else v for v in ts["ttft_p90_s"]])
+        hours = [(t > h * H) & (t <= (h + 1) * H) for h in range(3)]
+        rows[label] = {"goodput_rps": tot["goodput_rps"], "ttft_p90_s": tot["ttft_s"]["p90"],
+                       "goodput_by_hour": [float(good[m].mean()) for m in hours],
+                       "ttft_p90_by_hour_median": [float(np.nanmedian(p90[m])) for m in hours],
+                       "switches": len(doc["switches"]), "split_by_hour_end": [
+                           [ts["n_prefill"][int(np.flatnonzero(m)[-1])], ts["n_decode"][int(np.flatnonzero(m)[-1])]]
+                           for m in hours]}
+    plot_shift(docs, out / "traffic_shift.png", "short-heavy hour -> long-heavy hour -> short-heavy hour")
+    return rows
+
+
+STUDIES = {"capacity": capacity, "burst": burst, "prefix": prefix, "dense": dense, "shift": shift}
 
 
 def main() -> None:
