@@ -7,7 +7,7 @@ same file, so nothing is kept in sync by hand. Example: docs/deploy-two-datacent
     [deployment]
     model = "/models/Qwen3.5-35B"      # or "tiny:tiny-qwen35-hybrid" (built offline)
     device = "cuda"                     # "cpu" adds the CPU serving flags (prfaas_sgl.launch)
-    transfer_backend = "mooncake"       # default: mooncake on cuda, prfaas_zmq (cpu only for now) on cpu
+    transfer_backend = "prfaas_zmq"     # the default on cpu and cuda; see BACKEND_DEVICES
     server_args = ["--page-size", "64"] # for every server
 
     [[servers]]
@@ -27,7 +27,13 @@ from prfaas_sgl.config import is_loopback
 
 POOLS = ("prfaas", "local_prefill", "decode")
 DEVICES = ("cpu", "cuda")
-DEFAULT_BACKEND = {"cpu": "prfaas_zmq", "cuda": "mooncake"}
+DEFAULT_BACKEND = {"cpu": "prfaas_zmq", "cuda": "prfaas_zmq"}
+# Which --disaggregation-transfer-backend runs on which --device (checked when the file is read, so a
+# combination SGLang or our backend refuses at start-up fails on every machine before anything starts).
+# prfaas_zmq: host memory or CUDA pools through its staged path (issue 13); mooncake: CUDA, or CPU with
+# mooncake-transfer-engine-non-cuda; nixl and mori: GPUs only.
+BACKEND_DEVICES = {"prfaas_zmq": ("cpu", "cuda"), "mooncake": ("cpu", "cuda"), "nixl": ("cuda",),
+                   "mori": ("cuda",), "fake": ("cpu", "cuda")}
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,7 @@ class Deployment:
     def __post_init__(self):
         if self.device not in DEVICES:
             raise ValueError(f"deployment.device must be one of {DEVICES}, got {self.device!r}")
+        self._check_backend_device()
         if self.transfer_backend == "prfaas_zmq":
             self._check_prfaas_zmq()
         names = [s.name for s in self.servers]
@@ -82,12 +89,17 @@ class Deployment:
         if not any(s.pool != "decode" for s in self.servers):
             raise ValueError("servers: at least one prefill server (pool prfaas or local_prefill) is required")
 
+    def _check_backend_device(self) -> None:
+        devices = BACKEND_DEVICES.get(self.transfer_backend)
+        if devices is None:
+            raise ValueError(f"deployment.transfer_backend must be one of {sorted(BACKEND_DEVICES)}, "
+                             f"got {self.transfer_backend!r}")
+        if self.device not in devices:
+            raise ValueError(f"deployment.transfer_backend = {self.transfer_backend!r} runs on device "
+                             f"{' or '.join(map(repr, devices))}, not {self.device!r}: use 'prfaas_zmq'")
+
     def _check_prfaas_zmq(self) -> None:
         """What `PrfaasKVManager` would refuse at start-up, refused here when the file is read."""
-        if self.device != "cpu":
-            # the data plane reads and writes pool memory through host pointers (no GPU staging yet)
-            raise ValueError(f"deployment.transfer_backend = 'prfaas_zmq' needs device = 'cpu' for now, got "
-                             f"{self.device!r}: use transfer_backend = 'mooncake' on GPUs")
         for s in self.servers:
             args = self.server_args + s.args
             if not is_loopback(s.host) and not {"--prfaas-zmq-curve-keys", "--prfaas-zmq-insecure"} & set(args):

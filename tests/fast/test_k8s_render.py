@@ -23,7 +23,7 @@ from prfaas_sgl.router.config import load_file
 from prfaas_sgl.transfer import security
 
 ROOT = Path(__file__).resolve().parents[2]
-GPU_FILE = ROOT / "docs" / "deploy-two-datacenters.toml"  # cuda, mooncake, tp 8
+GPU_FILE = ROOT / "docs" / "deploy-two-datacenters.toml"  # cuda, prfaas_zmq with CURVE keys, tp 8
 CPU_FILE = Path(__file__).parent / "data" / "k8s" / "deploy-cpu-zmq.toml"  # cpu, prfaas_zmq, CURVE keys
 KUBE_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())  # oldest we claim, newest bundled
 
@@ -67,9 +67,10 @@ def test_every_manifest_validates_against_the_api_schemas(which, version, gpu, c
 
 
 def test_layout_per_datacenter_and_gpus(gpu):
-    assert set(gpu) == {"remote/00-namespace.yaml", "remote/20-servers.yaml", "remote/40-networkpolicy.yaml",
-                        "local/00-namespace.yaml", "local/10-secrets.yaml", "local/20-servers.yaml",
-                        "local/30-router.yaml", "local/40-networkpolicy.yaml"}  # mooncake: no CURVE keys
+    assert set(gpu) == {"remote/00-namespace.yaml", "remote/10-secrets.yaml", "remote/20-servers.yaml",
+                        "remote/40-networkpolicy.yaml", "local/00-namespace.yaml", "local/10-secrets.yaml",
+                        "local/20-servers.yaml", "local/30-router.yaml",
+                        "local/40-networkpolicy.yaml"}  # prfaas_zmq on GPUs (issue 13): CURVE keys on both sides
     remote = find(gpu, "StatefulSet", "prfaas-prefill", "remote")
     assert remote["spec"]["replicas"] == 2 and remote["metadata"]["namespace"] == "prfaas-remote"
     assert remote["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8}
