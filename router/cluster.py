@@ -142,6 +142,12 @@ class Cluster:
         self.instances[name].draining = True
         log.warning("instance %s drains: no new requests, %d in flight finish", name, self.instances[name].inflight)
 
+    def undrain(self, name: str) -> None:
+        """Take ``name`` back into rotation in its pool (a drain called off; the server never stopped)."""
+        if self.instances[name].draining:
+            self.instances[name].draining = False
+            log.warning("instance %s serves again", name)
+
     def readmit(self, name: str, pool: Pool, spec: InstanceSpec) -> None:
         """``name`` serves again, in ``pool`` at ``spec`` (a restarted server: empty cache, fresh load counts).
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import time
 from typing import Any
 
 from .actuators.base import Action, Actuator, Split
@@ -51,6 +52,7 @@ class ActingController:
                  metrics: Any = None) -> None:
         self.inner, self.decider, self.actuator, self.metrics = inner, decider, actuator, metrics
         self.actions: list[Action] = []  # every action, in order (tests, the demo's table)
+        self.action_times: list[float] = []  # unix seconds of each
         self.tasks: set[asyncio.Task] = set()
 
     def observe(self, incremental_len: int, now: float) -> None:
@@ -90,6 +92,7 @@ class ActingController:
     def record(self, action: Action) -> None:
         """Log and count one action; an actuator's report callback for the end of a background switch."""
         self.actions.append(action)
+        self.action_times.append(time.time())
         if action.outcome in ("refused", "failed"):
             self.decider.failed()
         if action.outcome in ("applied", "failed") and hasattr(self.inner, "resize"):

@@ -4,31 +4,34 @@
     python -m prfaas_sgl.demo --quick          # one CPU server, one chat request
 
 A "remote" PrfaaS prefill server runs in its own network namespace behind a `tc tbf`-limited veth link;
-a local prefill server, a local decode server and the router run on the host. A scaled paper-shaped
+two local prefill servers, a local decode server and the router run on the host. A scaled paper-shaped
 workload (truncated log-normal input lengths x 1/64, 16 output tokens) is replayed, with the same seed,
-under PrfaaS (threshold + bandwidth-aware), homogeneous PD (everything local) and naive (every prefill
-remote). Results: a side-by-side table, JSON and PNG plots under --out.
+under PrfaaS (threshold + bandwidth-aware), homogeneous PD (the same number of servers, all local) and naive
+(every prefill remote). A last phase shifts the workload from long to short prompts mid-run; the controller
+switches a local prefill server to decode while requests keep coming. Results: side-by-side tables, JSON and
+PNG plots under --out, and which results need heterogeneous hardware the demo cannot emulate.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 import urllib.request
 from pathlib import Path
 
 from prfaas_sgl import netns
-from prfaas_sgl.demo import monitor, quick
-from prfaas_sgl.demo.table import format_side_by_side
-from prfaas_sgl.demo.topology import DemoLink, deployment
+from prfaas_sgl.demo import monitor, quick, shift
+from prfaas_sgl.demo.live import LiveRouter, use_servers
+from prfaas_sgl.demo.table import NOT_EMULATED, format_side_by_side
+from prfaas_sgl.demo.topology import PHASES, DemoLink, Phase, deployment
 from prfaas_sgl.deploy.up import Stack, resolve_model
+from prfaas_sgl.router.config import RouterConfig
 from prfaas_sgl.transfer.security import generate_keys
 
-POLICIES = (("PrfaaS (threshold + bandwidth-aware)", "bandwidth_aware"),
-            ("homogeneous PD (all local)", "local_only"),
-            ("naive (all prefill remote)", "all_remote"))
+SWITCH_WAIT_S = 240.0  # the shift phase waits this long at most for the switched server to come back
 
 
 def say(msg: str) -> None:
@@ -57,7 +60,8 @@ def set_policy(router_url: str, policy: str) -> None:
         raise RuntimeError(f"router kept policy {got!r} after POST /admin/routing {{'policy': {policy!r}}}")
 
 
-def run_policy(router_url: str, tokenizer: str, args, out: Path, policy: str, prom=None) -> dict:
+def run_policy(router_url: str, tokenizer: str, args, out: Path, policy: str, prom=None, name: str = "",
+               **bench_kw) -> dict:
     from prfaas_sgl.loadgen.cli import bench
     from prfaas_sgl.loadgen.config import BenchConfig
     from prfaas_sgl.loadgen.plots import write_plots
@@ -69,12 +73,49 @@ def run_policy(router_url: str, tokenizer: str, args, out: Path, policy: str, pr
         router_metrics=router_url + "/metrics", metrics_interval=0.5, request_timeout=300.0,
         slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, progress=True,
     )
-    results = asyncio.run(bench(cfg))
+    results = asyncio.run(bench(dataclasses.replace(cfg, **bench_kw)))
     monitor.read_back(prom, results)  # the table's link and offload numbers as Prometheus stored them
-    (out / policy).mkdir(parents=True, exist_ok=True)
-    (out / policy / "results.json").write_text(json.dumps(results, indent=1))
-    write_plots(results, out / policy)
+    (out / (name or policy)).mkdir(parents=True, exist_ok=True)
+    (out / (name or policy) / "results.json").write_text(json.dumps(results, indent=1))
+    write_plots(results, out / (name or policy))
     return results
+
+
+def servers_of(dep, names: tuple[str, ...]) -> str:
+    pools = {s.name: s.pool for s in dep.servers}
+    n = [sum(pools[x] == p for x in names) for p in ("prfaas", "local_prefill", "decode")]
+    return f"{n[0]} + {n[1]}/{n[2]}"
+
+
+def run_shift(router: LiveRouter, stack: Stack, link: DemoLink, phase: Phase, args, tokenizer: str,
+              prom) -> tuple[list, list[str]]:
+    """The shift phase: parts A, B, C of ``shift.PARTS``; B's short prompts make the controller move a local
+    prefill server to decode; C runs once it serves again. Returns ([(label, results)], action lines)."""
+    from prfaas_sgl.router.actuators.decide import DecideConfig
+    from prfaas_sgl.router.actuators.processes import LaunchedServers, ProcessesActuator
+    from prfaas_sgl.router.controller_glue import close_loop
+
+    control = LaunchedServers(stack.servers, decode_host=link.local_ip)
+    acting = router.call(lambda r: close_loop(r, lambda cluster, report: ProcessesActuator(
+        cluster, control, report), DecideConfig(confirm=2, dwell_s=0.0)))
+    router.controller.active = True
+    t0, parts = time.time(), []
+    try:
+        for label, kw, mult in shift.PARTS:
+            if label.startswith("C"):  # after the switch: wait (bounded) until it ended, however it ended
+                deadline = time.monotonic() + SWITCH_WAIT_S
+                while time.monotonic() < deadline and not any(a.outcome != "in_progress" for a in acting.actions):
+                    time.sleep(1)
+            say(f"  {label}")
+            res = run_policy(router.url, tokenizer, args, args.out, phase.policy, prom, name=f"shift-{label[0]}",
+                             num_sessions=max(2, int(args.sessions * mult)), **kw)
+            res["servers"] = router.call(lambda r: "1 + {0.prefill}/{0.decode}".format(acting.actuator.current()))
+            parts.append((label, res))
+    finally:
+        router.controller.active = False
+    lines = shift.describe(acting.actions, acting.action_times, t0)
+    shift.plot_timeline(parts, acting.actions, acting.action_times, args.out / "shift" / "timeline.png")
+    return parts, lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,28 +141,47 @@ def main(argv: list[str] | None = None) -> int:
     generate_keys(str(keys))  # the demo runs secure, as a deployment must on routable addresses
     with demo_link(args.link_mbit) as link:
         dep = deployment(link, "tiny:tiny-qwen35-hybrid", args.backend, args.threshold, args.link_mbit, str(keys))
-        stack = Stack(monitor.with_metrics(dep), None, args.out / "logs", say=say)
-        prom = None
+        stack = Stack(monitor.with_metrics(dep), "demo", args.out / "logs", say=say)  # servers; router below
+        prom = router = None
+        rows, parts, lines = [], [], []
         try:
-            say("starting 3 SGLang servers on CPU + the router (1-3 min) ...")
+            say(f"starting {len(dep.servers)} SGLang servers on CPU + the router (1-3 min) ...")
             stack.start()
+            rcfg = RouterConfig(**stack.dep.router_fields(tokenizer_path=model))
+            router = LiveRouter(rcfg, shift.LengthRule((2, 1), args.threshold)).start()
             prom = monitor.start(stack.dep, args.out, say)
-            rows = []
-            for i, (label, policy) in enumerate(POLICIES, 1):
-                say(f"phase {i}/3: {label}: {args.sessions} requests")
-                rows.append((label, run_policy(stack.router.url, f"{model}/tokenizer.json", args, args.out, policy,
-                                               prom)))
+            tokenizer = f"{model}/tokenizer.json"
+            for i, phase in enumerate(PHASES, 1):
+                say(f"phase {i}/{len(PHASES)}: {phase.label} on {', '.join(phase.servers)}")
+                router.call(lambda r: use_servers(r.cluster, phase.servers))
+                if phase.shift:
+                    parts, lines = run_shift(router, stack, link, phase, args, tokenizer, prom)
+                    continue
+                res = run_policy(router.url, tokenizer, args, args.out, phase.policy, prom)
+                res["servers"] = servers_of(dep, phase.servers)
+                rows.append((phase.label, res))
         finally:
             say("stopping servers")
             if prom is not None:
                 prom.stop()
+            if router is not None:
+                router.close()
             stack.stop()
     print()
     print(format_side_by_side(rows))
-    (args.out / "summary.json").write_text(json.dumps({label: r["summary"] | {"router": r["router"], "routes": {
-        k: v["requests"] for k, v in r["routes"].items()}} for label, r in rows}, indent=1))
-    say(f"done in {time.monotonic() - t0:.0f}s; results and plots in {args.out}/")
-    return 0 if all(r["summary"]["errors"] == 0 for _, r in rows) else 1
+    print("\nworkload shift + controller (local prefill -> decode under load):")
+    print(format_side_by_side(parts))
+    print("\n".join(["controller actions:", *lines] if lines else ["controller actions: none (no switch)"]))
+    print("\n" + "\n".join(NOT_EMULATED))
+    for path, table in ((args.out / "summary.json", rows), (args.out / "shift" / "summary.json", parts)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({label: r["summary"] | {"router": r["router"], "servers": r.get("servers"),
+                                                          "routes": {k: v["requests"] for k, v in r["routes"].items()}}
+                                    for label, r in table}, indent=1))
+    (args.out / "shift" / "actions.txt").write_text("\n".join(lines) + "\n")
+    say(f"done in {time.monotonic() - t0:.0f}s; results and plots in {args.out}/ (switch: {args.out}/shift/)")
+    switched = any(line.split("] ")[1].startswith("applied") for line in lines)
+    return 0 if all(r["summary"]["errors"] == 0 for _, r in rows + parts) and switched else 1
 
 
 if __name__ == "__main__":

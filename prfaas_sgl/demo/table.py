@@ -14,7 +14,8 @@ def _pct(v) -> str:
 def rows_for(results: dict) -> list[tuple[str, str]]:
     s, router = results["summary"], results.get("router") or {}
     routes = results.get("routes", {})
-    return [
+    head = [("servers (remote + local P/D)", results["servers"])] if "servers" in results else []
+    return head + [
         ("requests ok / sent", f"{s['ok']} / {s['requests']}"),
         ("throughput (req/s)", f"{s['request_throughput']:.2f}"),
         ("goodput at SLO (req/s)", f"{s['goodput']:.2f}"),
@@ -38,3 +39,16 @@ def format_side_by_side(rows: list[tuple[str, dict]]) -> str:
     for i, (name, _) in enumerate(cols[0]):
         lines.append(f"| {name} | " + " | ".join(c[i][1] for c in cols) + " |")
     return "\n".join(lines)
+
+
+# What the demo cannot show: every server here is the same CPU running a tiny random-weight model.
+NOT_EMULATED = (
+    "Results that come from heterogeneous hardware, which this demo cannot emulate (all servers are the same CPU):",
+    "- PrfaaS's throughput gain over homogeneous PD (paper: 1.52x; docs/simulation.md) comes from compute-dense",
+    "  prefill GPUs (H200) beside bandwidth-optimised decode GPUs (H20). Here a 'remote' server is no faster than",
+    "  a local one, so the PrfaaS and homogeneous columns compare routing and KV-transfer costs on equal hardware,",
+    "  not that gain.",
+    "- Absolute TTFT, TPOT and throughput (a tiny model on 2 CPU cores), and the link-to-compute ratio (a 20 Mbit/s",
+    "  tc link with KV scaled down with the model).",
+    "- The role switch's cost: a tiny model restarts in about a minute on CPU; a multi-GPU server takes minutes.",
+)

@@ -1,5 +1,9 @@
-"""The demo's deployment: a "remote" PrfaaS prefill server behind an emulated inter-DC link, a local
-prefill server, a local decode server and the router — one generated `Deployment` run by `prfaas up`'s Stack.
+"""The demo's deployment: a "remote" PrfaaS prefill server behind an emulated inter-DC link, two local
+prefill servers, a local decode server and the router — one generated `Deployment` whose servers `prfaas up`'s
+Stack starts (the router runs in the demo's process: its processes actuator restarts servers the demo owns).
+
+Each phase serves from a subset (``PHASES``); the others are drained. PrfaaS and homogeneous PD get the same
+number of servers (homogeneous: all three local), so the comparison is not won by extra hardware.
 
 Range of the link: `tc tbf` on a veth pair into a network namespace (needs root). Without root every
 server binds 127.0.0.1 and the link is not emulated (the demo says so).
@@ -15,6 +19,26 @@ from prfaas_sgl.launch import free_port
 # plus per request 6 GDN layers of recurrent state (4 heads x 16 x 16 fp32) and conv state.
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4
 STATE_BYTES = 6 * (4 * 16 * 16 * 4 + 128 * 3 * 4)
+
+
+CONTROLLER_S = 5.0  # the shift phase lasts ~2 min: the controller looks every 5 s
+
+
+@dataclass(frozen=True)
+class Phase:
+    label: str
+    policy: str
+    servers: tuple[str, ...]  # the others are drained for this phase
+    shift: bool = False  # the workload shifts mid-phase and the controller may move a local server
+
+
+PHASES = (
+    Phase("PrfaaS (threshold + bandwidth-aware)", "bandwidth_aware", ("prfaas-0", "local-prefill-0", "decode-0")),
+    Phase("homogeneous PD (3 servers, all local)", "local_only", ("local-prefill-0", "local-prefill-1", "decode-0")),
+    Phase("naive (all prefill remote)", "all_remote", ("prfaas-0", "local-prefill-0", "decode-0")),
+    Phase("workload shift + controller", "bandwidth_aware",
+          ("prfaas-0", "local-prefill-0", "local-prefill-1", "decode-0"), shift=True),
+)
 
 
 @dataclass(frozen=True)
@@ -35,15 +59,17 @@ def deployment(link: DemoLink, model: str, backend: str, threshold: int, link_mb
                     ("--prfaas-role", "remote")),
         ServerEntry("local-prefill-0", "demo", "local_prefill", "127.0.0.1", free_port(), boot_local, None,
                     ("--prfaas-role", "local")),
+        ServerEntry("local-prefill-1", "demo", "local_prefill", "127.0.0.1", free_port(), free_port(), None,
+                    ("--prfaas-role", "local")),
         # Decode binds the link's local address: the remote prefill must reach it across the link.
         ServerEntry("decode-0", "demo", "decode", link.local_ip, free_port(), None, None,
                     ("--prfaas-role", "local")),
     )
-    router = {
-        "machine": "demo", "host": "127.0.0.1", "port": free_port(), "policy": "bandwidth_aware",
+    router = {  # on its own "machine": Stack starts the servers, the demo runs the router in-process
+        "machine": "demo-router", "host": "127.0.0.1", "port": free_port(), "policy": "bandwidth_aware",
         "threshold": threshold, "block_size": 1, "kv_bytes_per_token": float(KV_BYTES_PER_TOKEN),
         "state_bytes": float(STATE_BYTES), "link_gbps": link_mbit / 1000.0, "context_length": 8192,
-        "loads_interval_s": 0.5, "health_interval_s": 2.0,
+        "loads_interval_s": 0.5, "health_interval_s": 2.0, "controller_interval_s": CONTROLLER_S,
     }
     keys = ("--prfaas-zmq-curve-keys", keys_dir) if keys_dir and backend == "prfaas_zmq" else ()
     return Deployment(model=model, servers=servers, router=router, transfer_backend=backend, device="cpu",
