@@ -62,10 +62,12 @@ def capacity(out: Path) -> dict:
 def burst(out: Path) -> dict:
     scn = load_scenario(ROOT / "scenarios" / "burst_link_drop.toml")
     runs = {"static threshold": ("threshold", False), "bandwidth-aware": ("bandwidth_aware", False),
-            "bandwidth-aware + controller": ("bandwidth_aware", True), "threshold + controller": ("threshold", True)}
+            "bandwidth-aware + controller": ("bandwidth_aware", True), "threshold + controller": ("threshold", True),
+            "paced": ("paced", False)}
     docs = {k: simulate(scn, sim_config(scn.sim, policy=p, controller=c)) for k, (p, c) in runs.items()}
     plot_timeseries(docs, out / "burst_link_drop.png", "on-off arrivals, 25 Gbit/s link at 30% in min 15-20, 40-45")
-    return {k: {m: d["totals"][m] for m in ("goodput_rps", "slo_attainment", "offload_fraction", "reasons")}
+    return {k: {m: d["totals"][m] for m in ("goodput_rps", "slo_attainment", "offload_fraction", "paced_fraction",
+                                            "reasons")}
             | {"ttft_p90_s": d["totals"]["ttft_s"]["p90"]} for k, d in docs.items()}
 
 
