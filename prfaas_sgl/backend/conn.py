@@ -31,7 +31,14 @@ class PrfaasKVReceiver(CommonKVReceiver):
     def send_metadata(self, kv_indices, aux_index=None, state_indices=None, decode_prefix_len=None,
                       destination=KVTransferDestination.DEVICE, device_kv_indices=None):
         if getattr(self, "bootstrap_infos", None) is not None and self.conclude_state != KVPoll.Failed:
-            problem = self.kv_mgr.expect(self.bootstrap_room, kv_indices, aux_index, state_indices)
+            info = getattr(self, "prefill_info", None)
+            # prefill ranks that send to us: MLA pulls from one real rank (the others are dummies), unless
+            # its KV is sharded over all of them (target_tp_rank None); other models from all targets
+            one = getattr(self, "target_tp_rank", None)
+            targets = list(getattr(self, "target_tp_ranks", None) or [one or 0])
+            srcs = [one] if self.kv_mgr.is_mla_backend and one is not None else targets
+            problem = self.kv_mgr.expect(self.bootstrap_room, kv_indices, aux_index, state_indices,
+                                         src_tp=getattr(info, "attn_tp_size", None), srcs=srcs)
             if problem is not None:
                 self._fail(problem)
                 self.ensure_abort_notified()

@@ -10,6 +10,7 @@ from sglang.srt.disaggregation.base.conn import KVPoll
 from prfaas_sgl.backend import control
 from prfaas_sgl.backend.manager import PrfaasKVManager
 from prfaas_sgl.backend.memory import flat_states, index_len, transfer_id
+from prfaas_sgl.backend.tp import Pairing, pairing
 from prfaas_sgl.backend.settings import faults_from_env, offset_port
 from prfaas_sgl.transfer.receiver import ZmqReceiver
 
@@ -23,7 +24,7 @@ class DecodeManager(PrfaasKVManager):
         self.receiver = ZmqReceiver(self.memory.layout, self.memory.buffers, self.transfer_config,
                                     host=self.local_ip, port=port, faults=faults_from_env(),
                                     devices=self.memory.devices)
-        self.expected: dict[int, int] = {}  # room → data-plane transfer id
+        self.expected: dict[int, list[int]] = {}  # room → data-plane transfer ids (one per sending prefill rank)
         self.peer_rejections: dict[str, str] = {}  # prefill bootstrap address → why it is incompatible
         self.data_plane = self.receiver
         self._start(self._control_loop, "prfaas-zmq-control")
@@ -68,17 +69,46 @@ class DecodeManager(PrfaasKVManager):
         ), self.register_secret)  # signed like Register: a prefill refuses unsigned room state
 
     # -- data plane -----------------------------------------------------------------------------------
-    def expect(self, room: int, kv_indices, aux_index, state_indices) -> str | None:
-        """Register the request's destination regions before telling prefill where to send.
-        Returns a failure reason, or None."""
-        batch = self.memory.batch(kv_indices, state_indices, aux_index)  # checked vectorised by expect()
-        tid = transfer_id(room, self.local_ip, self.rank_port)
-        # The deadline covers the prefill's queueing and compute too, hence SGLang's waiting timeout;
-        # a dead prefill is caught sooner by the heartbeat.
-        timeout_s = self.waiting_timeout + self.transfer_config.timeout_s
+    def expect(self, room: int, kv_indices, aux_index, state_indices, src_tp: int | None = None,
+               srcs: list[int] | None = None) -> str | None:
+        """Register the request's destinations before telling prefill where to send: one transfer per
+        prefill rank that sends to us (`srcs`: SGLang's target_tp_ranks at prefill attention TP `src_tp`;
+        default: one source, rank 0). Returns a failure reason, or None."""
         fatal = self.data_plane_fatal()
         if fatal is not None:  # expect() would wait 10 s for a loop that is gone; check_status stops the server
             return f"prfaas_zmq: cannot receive room {room}: data plane is dead: {fatal}"
+        # The deadline covers the prefill's queueing and compute too, hence SGLang's waiting timeout;
+        # a dead prefill is caught sooner by the heartbeat.
+        timeout_s = self.waiting_timeout + self.transfer_config.timeout_s
+        tids: list[int] = []
+        for src in srcs or [0]:
+            pair = self._pairing(src_tp, src)
+            if pair.empty:
+                continue  # a replica: another source sends these heads (tp.sends_kv)
+            batch = self.memory.batch(kv_indices if pair.kv else (), state_indices, aux_index if pair.aux else None,
+                                      head=pair.dst)  # checked vectorised by expect()
+            tid = transfer_id(room, self.local_ip, self.rank_port, src)
+            problem = self._expect_one(room, tid, batch, timeout_s)
+            if problem:
+                for done in tids:
+                    self.receiver.release(done)
+                return problem
+            tids.append(tid)
+        self.expected[room] = tids
+        return None
+
+    def _pairing(self, src_tp: int | None, src: int) -> Pairing:
+        my_tp = int(self.attn_tp_size)
+        if src_tp is None or src_tp == my_tp or getattr(self, "is_mla_backend", False):
+            return Pairing(None, None, True, True)
+        total = int(getattr(self.kv_args, "total_kv_head_num", 0) or 0) or \
+            int(getattr(self.kv_args, "kv_head_num", 0) or 0) * my_tp
+        item = self.memory.layout.buffers[self.memory.kv_ids[0]].item_len
+        unit = item // (self.kv_args.page_size * max(1, total // my_tp))
+        return pairing(src_tp, my_tp, src, int(getattr(self, "attn_tp_rank", 0) or 0), total,
+                       self.kv_args.page_size, unit)
+
+    def _expect_one(self, room: int, tid: int, batch, timeout_s: float) -> str | None:
         try:
             self.receiver.expect(tid, batch, timeout_s=timeout_s)
         except ValueError as e:
@@ -89,28 +119,29 @@ class DecodeManager(PrfaasKVManager):
             # transfer would later write into pages SGLang frees with this failed request
             self.receiver.release(tid)
             return f"prfaas_zmq: cannot receive room {room}: {type(e).__name__}: {e}"
-        self.expected[room] = tid
         return None
 
     def check_status(self, bootstrap_room: int) -> int:
         status = self.request_status[bootstrap_room]
-        tid = self.expected.get(bootstrap_room)
-        if tid is None or status == KVPoll.Failed:
+        tids = self.expected.get(bootstrap_room)
+        if tids is None or status == KVPoll.Failed:
             return status
         self.check_data_plane(bootstrap_room)
-        data = self.receiver.poll(tid)
-        if data.state.terminal and not data.ok:
-            self.record_first_failure(bootstrap_room, f"prfaas_zmq transfer failed on decode: {data.reason}")
-            self.update_status(bootstrap_room, KVPoll.Failed)
-            return KVPoll.Failed
-        if status == KVPoll.Success and not data.ok:
+        verified = True
+        for tid in tids:
+            data = self.receiver.poll(tid)
+            if data.state.terminal and not data.ok:
+                self.record_first_failure(bootstrap_room, f"prfaas_zmq transfer failed on decode: {data.reason}")
+                self.update_status(bootstrap_room, KVPoll.Failed)
+                return KVPoll.Failed
+            verified = verified and data.ok
+        if status == KVPoll.Success and not verified:
             return KVPoll.Transferring  # the prefill's word alone is not enough: wait for our verification
         return status
 
     def forget(self, room: int) -> None:
         """Stop receiving for `room`: its pages may be reused from now on."""
-        tid = self.expected.pop(room, None)
-        if tid is not None:
+        for tid in self.expected.pop(room, ()):
             self.receiver.release(tid)
 
     def _control_loop(self) -> None:

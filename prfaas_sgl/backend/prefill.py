@@ -21,6 +21,7 @@ from prfaas_sgl.backend import control
 from prfaas_sgl.backend.admission import Admission, PeerBook
 from prfaas_sgl.backend.manager import PrfaasKVManager
 from prfaas_sgl.backend.memory import index_len, transfer_id
+from prfaas_sgl.backend.tp import Pairing, layout_problem, pairing
 from prfaas_sgl.backend.settings import faults_from_env, offset_port
 from prfaas_sgl.transfer.config import PeerInfo
 from prfaas_sgl.transfer.sender import ZmqSender
@@ -88,17 +89,21 @@ class PrefillManager(PrfaasKVManager):
             return
         npages = index_len(kv_indices)
         sync = self._sync(wait_event, indices_event)
-        tail = (state_indices, aux_index) if is_last_chunk else (None, None)
+        sent = False
         for session, info in list(infos.items()):
-            if info.is_dummy:
-                continue
+            pair = None if info.is_dummy else self._pairing(session)
+            if pair is None or pair.empty:
+                continue  # a dummy rank, or a KV replica another rank of ours sends (tp.sends_kv)
             problem = self._problem(session, info, index_slice, npages)
             if problem:
                 self.conclude_failure(bootstrap_room=room, failure_reason=problem)
                 return
-            self._send(room, session, info, self.memory.batch(kv_indices, *tail, **sync), is_last_chunk)
-        if is_last_chunk and all(i.is_dummy for i in infos.values()):
-            self.update_status(room, KVPoll.Success)  # nothing of ours goes to a dummy rank
+            batch = self.memory.batch(kv_indices if pair.kv else (), state_indices if is_last_chunk else None,
+                                      aux_index if is_last_chunk and pair.aux else None, head=pair.src, **sync)
+            self._send(room, session, info, batch, is_last_chunk)
+            sent = True
+        if is_last_chunk and not sent and room not in self._open:
+            self.update_status(room, KVPoll.Success)  # nothing of ours goes to these decode ranks
         else:
             self.update_status(room, KVPoll.Transferring)
 
@@ -112,6 +117,29 @@ class PrefillManager(PrfaasKVManager):
             ev.record(torch.cuda.current_stream())
             events.append(ev)
         return {"events": tuple(events), "ready": indices_event.synchronize if indices_event is not None else None}
+
+    def _pairing(self, session: str) -> Pairing | None:
+        """What this rank sends to decode `session` (None: not registered; _problem then says why)."""
+        peer = self.peers.get(session)
+        if peer is None:
+            return Pairing(None, None, True, True)  # unknown: _problem fails the room with the reason
+        my_tp = int(self.attn_tp_size)
+        if peer.attn_tp_size == my_tp or getattr(self, "is_mla_backend", False):
+            return Pairing(None, None, True, True)
+        return pairing(my_tp, peer.attn_tp_size, self._src_rank, peer.tp_rank, self._total_heads(my_tp),
+                       self.kv_args.page_size, self._head_bytes(my_tp))
+
+    @property
+    def _src_rank(self) -> int:
+        return int(getattr(self, "attn_tp_rank", 0) or 0)
+
+    def _total_heads(self, tp: int) -> int:
+        total = int(getattr(self.kv_args, "total_kv_head_num", 0) or 0)
+        return total or int(getattr(self.kv_args, "kv_head_num", 0) or 0) * tp
+
+    def _head_bytes(self, tp: int) -> int:
+        item = self.memory.layout.buffers[self.memory.kv_ids[0]].item_len
+        return item // (self.kv_args.page_size * max(1, self._total_heads(tp) // tp))
 
     def _problem(self, session: str, info: control.Metadata, index_slice: slice, npages: int) -> str | None:
         if session not in self.peers:
@@ -129,7 +157,7 @@ class PrefillManager(PrfaasKVManager):
         if peer is None:  # evicted from the book since _problem looked
             self.conclude_failure(bootstrap_room=room, failure_reason=f"decode {session} is no longer registered")
             return
-        tid = transfer_id(room, info.endpoint, info.dst_port)
+        tid = transfer_id(room, info.endpoint, info.dst_port, self._src_rank)
         with self._lock:
             if self.request_status.get(room) in (None, KVPoll.Failed):
                 return  # aborted and dropped since add_transfer_request looked: its pages may be freed
@@ -174,7 +202,12 @@ class PrefillManager(PrfaasKVManager):
     def _on_register(self, frames: list[bytes], msg: control.Register, peer_ip: str | None) -> None:
         if not self.peers.admit(frames, msg, peer_ip):
             return
-        problem = self.memory.layout.mismatch(msg.layout)
+        my_tp = int(self.attn_tp_size)
+        if msg.attn_tp_size == my_tp or getattr(self, "is_mla_backend", False):
+            problem = self.memory.layout.mismatch(msg.layout)
+        else:  # K/V head slices between TP sizes (tp.py)
+            problem = layout_problem(self.memory.layout, msg.layout, my_tp, msg.attn_tp_size,
+                                     self._total_heads(my_tp), self.kv_args.page_size)
         if msg.page_size != self.kv_args.page_size:
             problem = (f"page size mismatch: decode page_size={msg.page_size}, "
                        f"prefill page_size={self.kv_args.page_size}")

@@ -84,7 +84,8 @@ class ZmqReceiver(SocketLoop):
         self.start()
 
     # -- public API (any thread) ------------------------------------------------------------------
-    def expect(self, transfer_id: int, regions: Sequence[Region] | ItemBatch, timeout_s: float | None = None) -> None:
+    def expect(self, transfer_id: int, regions: Sequence[Region] | ItemBatch,
+               timeout_s: float | None = None) -> None:
         """Pre-register destination `regions` (stream order per buffer), or an ItemBatch, for `transfer_id`.
 
         It fails when nothing arrives for `timeout_s` (default cfg.timeout_s; every accepted Open, Chunk

@@ -72,8 +72,8 @@ class ZmqSender(SocketLoop):
         self.start()
 
     # -- public API (any thread; never blocks on the network) --------------------------------------
-    def send(self, transfer_id: int, peer: PeerInfo, regions: Sequence[Region] | ItemBatch, last: bool = False,
-             timeout_s: float | None = None) -> None:
+    def send(self, transfer_id: int, peer: PeerInfo, regions: Sequence[Region] | ItemBatch,
+             last: bool = False, timeout_s: float | None = None) -> None:
         """Queue `regions` (stream order per buffer) or an `ItemBatch` of `transfer_id` for `peer`; `last`
         closes it. An ItemBatch costs the caller O(1): its ids are read and checked on the stager thread
         (a bad id fails the transfer there).

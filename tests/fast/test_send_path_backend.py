@@ -141,3 +141,58 @@ def test_watch_thread_concludes_on_the_signal(pd):
         pd.p._stopped = True
         pd.p._wake.set()
         watch.join(5)
+
+
+def test_two_prefill_ranks_feed_one_decode_rank():
+    """Prefill TP 2 → decode TP 1 (dense K/V, 2 heads): one transfer per source rank (their ids differ:
+    they used to collide), each rank's head lands in its slice of the decode's pages."""
+    heads, head_bytes, pages = 2, 256, 40
+    glob = np.random.default_rng(3).integers(0, 256, (2, pages, heads, head_bytes), dtype=np.uint8)  # K, V
+
+    def args(arrays, tp):
+        ptrs = [a.ctypes.data for a in arrays]
+        n = arrays[0].nbytes
+        return SimpleNamespace(kv_data_ptrs=ptrs[:2], kv_data_lens=[n, n], kv_item_lens=[n // pages] * 2,
+                               aux_data_ptrs=ptrs[2:], aux_data_lens=[512], aux_item_lens=[64], page_size=1,
+                               engine_rank=0, total_kv_head_num=heads)
+
+    dst = [np.zeros(pages * heads * head_bytes, np.uint8) for _ in range(2)] + [np.zeros(512, np.uint8)]
+    d = make_decode(None)
+    d.kv_args = args(dst, 1)
+    d.memory, d.transfer_config = KVMemory.of(d.kv_args), CFG
+    d.receiver = d.data_plane = ZmqReceiver(d.memory.layout, d.memory.buffers, CFG)
+    d.expected, d.peer_rejections, d.waiting_timeout, d.local_ip, d.attn_tp_size = {}, {}, 30.0, DECODE_IP, 1
+    prefills, srcs = [], []
+    try:
+        for rank in range(2):
+            src = [np.ascontiguousarray(glob[i][:, rank]).reshape(-1) for i in range(2)]
+            src.append(np.full(512, rank + 1, np.uint8))  # aux rows: 1 on rank 0, 2 on rank 1
+            srcs.append(src)
+            p = make_prefill()
+            p.kv_args, p.attn_tp_size, p.attn_tp_rank, p.is_mla_backend = args(src, 2), 2, rank, False
+            p.memory, p.transfer_config = KVMemory.of(p.kv_args), CFG
+            p.sender = p.data_plane = ZmqSender(p.memory.layout, p.memory.buffers, CFG)
+            reg = control.Register(endpoint=DECODE_IP, dst_port=5555, data_host=DECODE_IP,
+                                   data_port=d.receiver.address.port, server_key=None, layout=d.memory.layout,
+                                   page_size=1, attn_tp_size=1, tp_rank=0)
+            p._on_control(control.encode(reg), DECODE_IP)
+            assert not p.rejections
+            prefills.append(p)
+        dst_pages, src_pages = np.arange(30, 10, -1), np.arange(20)
+        assert d.expect(ROOM, dst_pages, 3, None, src_tp=2, srcs=[0, 1]) is None
+        assert len(set(d.expected[ROOM])) == 2
+        for p in prefills:
+            meta = control.Metadata(room=ROOM, endpoint=DECODE_IP, dst_port=5555, npages=20, aux_index=3,
+                                    state_indices=[], decode_prefix_len=0, required_dst_info_num=1, is_dummy=False)
+            p.request_status[ROOM] = KVPoll.Bootstrapping
+            p._on_control(control.encode(meta), DECODE_IP)
+            p.add_transfer_request(ROOM, src_pages, slice(0, 20), True, aux_index=1)
+        for tid in d.expected[ROOM]:
+            assert d.receiver.wait(tid, 10).state is S.DONE
+        got = dst[0].reshape(pages, heads, head_bytes)[dst_pages]
+        assert np.array_equal(got, glob[0][src_pages])
+        assert (dst[2].reshape(8, 64)[3] == 1).all()  # the aux row came from the first source (rank 0) only
+    finally:
+        for p in prefills:
+            p.sender.close()
+        d.receiver.close()

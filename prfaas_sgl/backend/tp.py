@@ -1,0 +1,120 @@
+"""Different attention-TP sizes on the two sides (issue 13): which prefill rank sends which KV heads to
+which decode rank, derived by both sides from the same facts, so no message carries it.
+
+SGLang's rank mapping (common/conn.py `_resolve_rank_mapping`) pairs ranks:
+
+    prefill TP 2, decode TP 4 (decode larger)      prefill TP 8, decode TP 2 (prefill larger)
+    P0 ─▶ D0, D1   each gets a head slice          P0..P3 ─▶ D0   each sends its heads into a slice
+    P1 ─▶ D2, D3   of P's heads                    P4..P7 ─▶ D1   of D's heads
+
+Each K/V page is [page_size][heads][head_dim]; a slice keeps `count` heads from `start` (items.HeadSlice).
+With fewer KV heads than ranks, heads are replicated: 2 heads at prefill TP 8 live on 4 ranks each. SGLang's
+mooncake path then sends every replica; here only the first replica of each head among a decode rank's
+sources sends its K/V (`sends_kv`), so each head crosses the link once. Every source still reports to the
+decode; one that sends nothing reports Success at once.
+
+Only K/V pages are sliced. State buffers (Mamba/GDN conv and temporal state, SWA windows) are sharded by
+other rules (SGLang's `compute_mamba_state_slice_byte_blocks`); with state buffers both sides must run the
+same attention TP for now (`layout_problem` says so).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prfaas_sgl.transfer.items import HeadSlice
+from prfaas_sgl.transfer.layout import MemoryLayout
+
+
+def head_slice_params(src_tp: int, dst_tp: int, src_rank: int, dst_rank: int,
+                      total_heads: int) -> tuple[int, int, int, int]:
+    """(src_head_start, heads, dst_head_start, heads): SGLang 0.5.23's `compute_head_slice_params`
+    (common/staging_buffer.py), restated so CPU CI needs neither Triton nor that module's imports."""
+    src_heads, dst_heads = max(1, total_heads // src_tp), max(1, total_heads // dst_tp)
+    src_local, dst_local = src_rank % src_tp, dst_rank % dst_tp
+    if src_tp > dst_tp:
+        unique = src_local // max(1, src_tp // total_heads)
+        return 0, src_heads, (unique * src_heads) % dst_heads, src_heads
+    unique = dst_local // max(1, dst_tp // total_heads)
+    return (unique * dst_heads) % src_heads, dst_heads, 0, dst_heads
+
+
+def sources(src_tp: int, dst_tp: int, dst_rank: int) -> list[int]:
+    """Prefill attention-TP ranks that feed decode rank `dst_rank` (SGLang's target_tp_ranks, non-MLA)."""
+    d = dst_rank % dst_tp
+    if src_tp <= dst_tp:
+        return [d // (dst_tp // src_tp)]
+    ratio = src_tp // dst_tp
+    return list(range(d * ratio, (d + 1) * ratio))
+
+
+def sends_kv(src_tp: int, dst_tp: int, src_rank: int, total_heads: int) -> bool:
+    """Replica dedupe: of the sources of one decode rank holding the same KV head, only the first sends.
+
+    Sources of a decode rank are a block of `src_tp // dst_tp` consecutive ranks; replicas of a head
+    are blocks of `src_tp // total_heads`; within the source block, runs of min(both) ranks share a head.
+    """
+    if src_tp <= dst_tp:
+        return True
+    run = min(max(1, src_tp // total_heads), src_tp // dst_tp)
+    return (src_rank % src_tp) % run == 0
+
+
+def sends_aux(src_tp: int, dst_tp: int, src_rank: int) -> bool:
+    """The aux row (first token, ...) is the same on every rank: the first source of a decode rank sends it."""
+    return src_tp <= dst_tp or (src_rank % src_tp) % (src_tp // dst_tp) == 0
+
+
+@dataclass(frozen=True, slots=True)
+class Pairing:
+    """What one prefill rank sends to one decode rank: the K/V head slice on each side (None = whole
+    items, equal TP), whether K/V and aux go at all."""
+
+    src: HeadSlice | None
+    dst: HeadSlice | None
+    kv: bool
+    aux: bool
+
+    @property
+    def empty(self) -> bool:
+        return not self.kv and not self.aux
+
+
+def pairing(src_tp: int, dst_tp: int, src_rank: int, dst_rank: int, total_heads: int, page_size: int,
+            head_bytes: int) -> Pairing:
+    """`head_bytes`: bytes of one head of one token (head_dim × dtype size) in a K or V buffer."""
+    if src_tp == dst_tp:
+        return Pairing(None, None, True, True)
+    s0, n, d0, _ = head_slice_params(src_tp, dst_tp, src_rank, dst_rank, total_heads)
+    src_heads, dst_heads = max(1, total_heads // src_tp), max(1, total_heads // dst_tp)
+    return Pairing(HeadSlice(page_size, src_heads, head_bytes, s0, n),
+                   HeadSlice(page_size, dst_heads, head_bytes, d0, n),
+                   sends_kv(src_tp, dst_tp, src_rank, total_heads), sends_aux(src_tp, dst_tp, src_rank))
+
+
+def head_bytes(item_len: int, page_size: int, tp: int, total_heads: int) -> int | None:
+    """Bytes per head per token of a K/V item of `item_len` at `tp`, or None if it does not split."""
+    heads = max(1, total_heads // tp)
+    unit, rest = divmod(item_len, page_size * heads)
+    return unit if unit and not rest else None
+
+
+def layout_problem(mine: MemoryLayout, theirs: MemoryLayout, my_tp: int, their_tp: int, total_heads: int,
+                   page_size: int) -> str | None:
+    """Why a peer at another attention TP cannot exchange K/V with us, or None (equal TP: see mismatch())."""
+    if my_tp == their_tp:
+        return mine.mismatch(theirs)
+    if mine.ids_of("state"):
+        return (f"attention TP differs (here {my_tp}, peer {their_tp}) and the model has state buffers "
+                "(Mamba/GDN or SWA), which prfaas_zmq does not slice between TP sizes yet: run equal TP")
+    kv = mine.ids_of("kv")
+    problem = mine.mismatch(theirs, sliced=kv)
+    if problem:
+        return problem
+    for b in kv:
+        a = head_bytes(mine.buffers[b].item_len, page_size, my_tp, total_heads)
+        z = head_bytes(theirs.buffers[b].item_len, page_size, their_tp, total_heads)
+        if a is None or a != z:
+            return (f"K/V buffer {b}: item lengths {mine.buffers[b].item_len} B (TP {my_tp}) and "
+                    f"{theirs.buffers[b].item_len} B (TP {their_tp}) do not split into {total_heads} heads "
+                    f"of one size with page_size {page_size}")
+    return None
