@@ -76,6 +76,9 @@ def build(ctx) -> "PrfaasHybridCache":
         (ctx.is_hybrid_swa, "does not handle sliding-window layers"),
         (p.page_size != 1, f"needs --page-size 1, got {p.page_size}"),
         (ctx.enable_hierarchical_cache, "does not support --enable-hierarchical-cache"),
+        # no_buffer also means no overlap scheduler (sglang/srt/arg_groups/mamba_hook.py:157-160
+        # asserts --disable-overlap-schedule), and SGLang's extra_buffer needs a CUDA/MUSA/NPU/HIP/XPU
+        # platform (mamba_hook.py:102-121): a hybrid model on CPU never runs the overlap scheduler
         (getattr(p, "enable_mamba_extra_buffer", False), "needs --mamba-radix-cache-strategy no_buffer"),
         (ctx.disable_radix_cache and mode == "decode",
          "on a decode server needs --disaggregation-decode-enable-radix-cache (SGLang turns prefix "
