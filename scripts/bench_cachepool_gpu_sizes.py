@@ -262,6 +262,34 @@ def hashing(a) -> dict:
     return res
 
 
+def table(result: dict) -> str:
+    """Markdown: one row per (pool size, metric), columns before / after / sglang."""
+    rows = [("evictable_size µs", lambda r: r["sizes_us"]["evictable_size"]),
+            ("mamba_evictable_size µs", lambda r: r["sizes_us"]["mamba_evictable_size"]),
+            ("protected_size µs", lambda r: r["sizes_us"]["protected_size"]),
+            ("evict --evict-tokens, ms (median of 3)", lambda r: round(statistics.median(r["evict"]["ms"]), 2)),
+            ("allocator free() calls per evict", lambda r: r["evict"]["kv_free_calls"][0]),
+            ("checkpoint ms, median [max]", lambda r: f'{r["long"]["checkpoint_ms_median"]} [{r["long"]["checkpoint_ms_max"]}]'),
+            ("all checkpoints of the request ms", lambda r: r["long"]["checkpoint_ms_total"]),
+            ("release ms", lambda r: r["long"]["release_ms"]),
+            ("match, new request ms", lambda r: r["long"]["match_cold_ms"]),
+            ("match, cached prompt ms", lambda r: r["long"]["match_warm_ms"])]
+    out = ["| KV slots | metric | before | after | SGLang UnifiedRadixCache |", "|---|---|---|---|---|"]
+    for n in result["args"]["kv_tokens"]:
+        runs = {r["label"]: r for r in result["runs"] if r["kv_tokens"] == n}
+        for name, get in rows:
+            cells = [str(get(runs[t])) if t in runs else "–" for t in ("before", "after", "sglang")]
+            out.append(f"| {n:,} | {name} | " + " | ".join(cells) + " |")
+    out += ["", "| tokens, block | before: from scratch ms | after: from scratch ms | before: every checkpoint "
+            "rehashes its prefix, sum ms | after: each block once, ms |", "|---|---|---|---|---|"]
+    runs = {r["label"]: r for r in result["runs"] if "hashing_ms" in r}
+    for key in runs.get("after", {}).get("hashing_ms", {}):
+        b, a = runs.get("before", {}).get("hashing_ms", {}).get(key, {}), runs["after"]["hashing_ms"][key]
+        out.append(f"| {key} | {b.get('scratch_ms', '–')} | {a['scratch_ms']} | "
+                   f"{b.get('per_chunk_from_scratch_ms', '–')} | {a['scratch_ms']} |")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kv-tokens", type=int, nargs="+", default=[500_000, 2_000_000])
@@ -299,6 +327,7 @@ def main() -> None:
                 print(json.dumps(run), flush=True)
                 result["runs"].append(run)
     result["loadavg_end"] = os.getloadavg()
+    print(table(result))
     if a.out:
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -29,9 +29,11 @@ class RequestHashes:
 
 class HashMemo:
     """RequestHashes by SGLang request id; the `capacity` most recently used are kept (a request
-    matched but never released, e.g. aborted while waiting, ages out)."""
+    matched but never released, e.g. aborted while waiting, ages out). One 128K-token request keeps
+    ~1.3 MB (its int64 ids and hash ints), so the cap bounds the memo to ~340 MB in the worst case; a
+    request aged out while still waiting is only hashed again."""
 
-    def __init__(self, block_size: int, seed: int = 0, capacity: int = 1024) -> None:
+    def __init__(self, block_size: int, seed: int = 0, capacity: int = 256) -> None:
         self.bs, self.seed, self.capacity = block_size, seed, capacity
         self._by_rid: OrderedDict[str, RequestHashes] = OrderedDict()
 
