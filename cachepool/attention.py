@@ -108,9 +108,6 @@ class FullAttentionManager(GroupManager):
             self.events.removed(self.name, [block_hash])
         return [b]
 
-    def entry_blocks(self, block_hash: int) -> list[int]:
-        return [self.index[block_hash]]
-
     def index_entries(self) -> Iterator[tuple[int, list[int]]]:
         return ((h, [b]) for h, b in self.index.items())
 

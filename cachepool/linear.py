@@ -132,9 +132,6 @@ class LinearStateManager(GroupManager):
             self.events.removed(self.name, [block_hash])
         return blocks
 
-    def entry_blocks(self, block_hash: int) -> list[int]:
-        return self.index[block_hash]
-
     def index_entries(self) -> Iterator[tuple[int, list[int]]]:
         return iter(self.index.items())
 

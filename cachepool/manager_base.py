@@ -85,10 +85,6 @@ class GroupManager(ABC):
         """Evict one index entry (called by BlockPool); return its blocks. Emits BlockRemoved."""
 
     @abstractmethod
-    def entry_blocks(self, block_hash: int) -> list[int]:
-        """The blocks of the cached entry under block_hash (KeyError if none); read-only."""
-
-    @abstractmethod
     def index_entries(self) -> Iterator[tuple[int, list[int]]]:
         """(hash, blocks) for every cached entry."""
 

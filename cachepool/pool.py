@@ -172,11 +172,6 @@ class HybridCachePool:
         scheduler step by the SGLang backend."""
         return self.blocks.num_idle(self._by_name[group])
 
-    def entry_blocks(self, group: str, block_hash: int) -> list[int]:
-        """Blocks of `group`'s cached entry under block_hash (KeyError if not cached). For a caller
-        that mirrors the index onto memory it keys by block id (an SGLang tree backend)."""
-        return self._by_name[group].entry_blocks(block_hash)
-
     def request_ids(self) -> list[str]:
         return list(self._reqs)
 

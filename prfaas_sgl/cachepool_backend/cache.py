@@ -121,7 +121,8 @@ class PrfaasHybridCache(BasePrefixCache):
         if self.kv_only:
             groups = groups[:1]
         pool = self.pool = HybridCachePool(PoolConfig(self.cfg.num_blocks, self.bs, groups, enable_events=True))
-        self.mirror = Mirror(self.bs, self.cfg.num_blocks, self.device, lambda h: pool.entry_blocks(FULL, h)[0],
+        # block_of reads the full group's index (hash -> block) directly: a lookup per stored block
+        self.mirror = Mirror(self.bs, self.cfg.num_blocks, self.device, pool.managers[0].index.__getitem__,
                              self.token_to_kv_pool_allocator.free, self._free_state)
         self.memo = HashMemo(self.bs, pool.cfg.hash_seed)
         self._reqs: dict[int, _Entry] = {}  # by req_pool_idx (unique while the row is held)

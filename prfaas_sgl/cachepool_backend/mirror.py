@@ -41,7 +41,7 @@ class Mirror:
     def __init__(self, block_size: int, num_blocks: int, device: torch.device,
                  block_of: Callable[[int], int], free_kv: Callable[[Any], None],
                  free_state: Callable[[Any], None]) -> None:
-        """block_of(hash): the pool block of a cached full-attention hash (HybridCachePool.entry_blocks)."""
+        """block_of(hash): the pool block of a cached full-attention hash."""
         self.bs, self.device = block_size, device
         self.kv_table = torch.zeros((num_blocks, block_size), dtype=torch.int64, device=device)
         self.kv_of: dict[int, int] = {}  # full-group hash -> pool block (its row of kv_table)
