@@ -4,8 +4,9 @@ Pool layout like Qwen3-Next at TP 1: 24 K/V buffers (12 full-attention layers ×
 in bf16 = 1 KiB per token) + 36 GDN state buffers + 1 aux buffer. Pages: page size 1 or 64; "contiguous"
 = one run, "fragmented" = a random permutation of a pool 4× the chunk (what a long-running server holds).
 
-    .venv/bin/python scripts/bench_send_path.py --out out/bench_send_path.json            # everything
+    .venv/bin/python scripts/bench_send_path.py --out out/bench_send_path.json            # loopback (+ tbf as root)
     .venv/bin/python scripts/bench_send_path.py --only scheduler --repeat 5                 # thread cost only
+    .venv/bin/python scripts/bench_send_path.py --only link --rates 1gbit                   # tc tbf link only (root)
 
 Measured per configuration:
 - `legacy_ms`: the pre-issue-13 scheduler-thread work of `add_transfer_request` — `flat()`, byte regions
@@ -15,17 +16,24 @@ Measured per configuration:
   without SGLang's constructor, as in tests/fast/test_backend_hardening.py), up to its return;
 - `mooncake_ms`: SGLang's `MooncakeKVManager.add_transfer_request` on the same indices (see `_mooncake`),
   plus `mooncake_group_ms`, its worker-thread run grouping (`group_concurrent_contiguous`) per chunk;
-- goodput (`--only goodput`): a whole request (chunks + states + aux) over loopback TCP through real
-  `ZmqSender`/`ZmqReceiver` threads, from the first add_transfer_request to the receiver's DONE.
+- `ours_ms` comes from whole requests sent over loopback TCP to a real `ZmqReceiver` in this process (two
+  chunks of --tokens tokens, the second with the 36 state slots and the aux row): the median over all
+  chunks; `loopback_gbit_s`: the request's bytes over (first add_transfer_request → sender DONE);
+- link (`--only link`, root): the same requests from `ZmqSender` + `KVMemory.batch` (what
+  add_transfer_request hands the sender) to a receiver process in a network namespace behind a `tc tbf`
+  veth link (prfaas_sgl/netns.py), goodput as a fraction of the link rate (tbf's ceiling is ~0.956).
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import platform
 import statistics
 import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -55,14 +63,18 @@ class Case:
         return self.tokens // self.page_size
 
 
-def kv_args(case: Case, arrays: list[np.ndarray] | None = None, slots: int = 4):
-    """SGLang-shaped `KVArgs` over host numpy arrays (allocated unless `arrays` is given)."""
-    pool_pages = 4 * case.pages + 1
+POOL_CHUNKS = 3  # a pool holds this many chunks' pages (fragmented pages are drawn from all of it)
+
+
+def kv_args(case: Case, arrays: list[np.ndarray] | None = None, slots: int = 4, seed: int | None = None):
+    """SGLang-shaped `KVArgs` over host numpy arrays (zeros, or random bytes from `seed`)."""
+    pool_pages = POOL_CHUNKS * case.pages + 1
     item = KV_BYTES_PER_TOKEN * case.page_size
     states = [CONV_STATE_BYTES] * (STATE_BUFFERS // 2) + [TEMPORAL_STATE_BYTES] * (STATE_BUFFERS // 2)
     sizes = [item * pool_pages] * KV_BUFFERS + [s * slots for s in states] + [AUX_BYTES * 8]
     if arrays is None:
-        arrays = [np.zeros(n, np.uint8) for n in sizes]
+        rng = np.random.default_rng(seed)
+        arrays = [np.zeros(n, np.uint8) if seed is None else rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
     ptrs = [a.ctypes.data for a in arrays]
     k = KV_BUFFERS
     args = SimpleNamespace(
@@ -74,11 +86,13 @@ def kv_args(case: Case, arrays: list[np.ndarray] | None = None, slots: int = 4):
     return args, arrays
 
 
-def chunk_pages(case: Case, seed: int = 0) -> np.ndarray:
+def chunk_pages(case: Case, seed: int = 0, chunks: int = 1) -> np.ndarray:
+    """Page ids of `chunks` chunks (request order): one run, or drawn at random from the whole pool."""
+    n = chunks * case.pages
     if not case.fragmented:
-        return np.arange(1, case.pages + 1, dtype=np.int32)
+        return np.arange(1, n + 1, dtype=np.int32)
     rng = np.random.default_rng(seed)
-    return (rng.permutation(4 * case.pages)[: case.pages] + 1).astype(np.int32)
+    return (rng.permutation(POOL_CHUNKS * case.pages)[:n] + 1).astype(np.int32)
 
 
 def timed(fn, repeat: int) -> float:
@@ -142,13 +156,188 @@ def _mooncake(case: Case, repeat: int) -> dict:
     return out
 
 
+# -- ours: PrefillManager.add_transfer_request on the staged path ------------------------------------------
+CFG_KW = dict(timeout_s=120)
+ROOM_BASE, DECODE_IP, DECODE_PORT = 1000, "127.0.0.1", 5555
+
+
+def prefill_manager(args, cfg):
+    """A real PrefillManager and ZmqSender without SGLang's constructor (as the backend tests build it)."""
+    from prfaas_sgl.backend.admission import Admission, PeerBook
+    from prfaas_sgl.backend.memory import KVMemory
+    from prfaas_sgl.backend.prefill import PrefillManager
+    from prfaas_sgl.transfer.sender import ZmqSender
+
+    m = object.__new__(PrefillManager)
+    m.kv_args, m.memory, m.transfer_config, m.register_secret = args, KVMemory.of(args), cfg, None
+    m.request_status, m.failure_records, m.failure_lock = {}, {}, threading.Lock()
+    m._deferred_ack_targets, m._deferred_ack_poisoned_rooms = {}, set()
+    m._staging_outstanding, m.deferred_bootstrap = collections.defaultdict(int), None
+    m.local_ip, m.rank_port, m.attn_tp_size, m._stopped, m.is_mla_backend = DECODE_IP, DECODE_PORT, 1, False, False
+    m.send_kv_status_message = lambda **kw: None
+    m.peers = PeerBook(Admission(None, None))
+    m.rejections, m._open, m._lock, m._wake = {}, {}, threading.Lock(), threading.Event()
+    m.transfer_infos, m.req_to_decode_prefix_len, m._unstarted, m._room_ttl_s = {}, {}, {}, 600.0
+    m.sender = m.data_plane = ZmqSender(m.memory.layout, m.memory.buffers, cfg, devices=m.memory.devices,
+                                        on_terminal=lambda _tid: m._wake.set())
+    return m
+
+
+def _register(m, data_host: str, data_port: int, layout) -> None:
+    from prfaas_sgl.backend import control
+
+    reg = control.Register(endpoint=DECODE_IP, dst_port=DECODE_PORT, data_host=data_host, data_port=data_port,
+                           server_key=None, layout=layout, page_size=m.kv_args.page_size, attn_tp_size=1, tp_rank=0)
+    m._on_control(control.encode(reg), DECODE_IP)
+    if m.rejections:
+        raise RuntimeError(m.rejections)
+
+
+def _open_room(m, room: int, npages: int) -> None:
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from prfaas_sgl.backend import control
+
+    meta = control.Metadata(room=room, endpoint=DECODE_IP, dst_port=DECODE_PORT, npages=npages, aux_index=0,
+                            state_indices=[[0]], decode_prefix_len=0, required_dst_info_num=1, is_dummy=False)
+    m.request_status[room] = KVPoll.Bootstrapping
+    m._on_control(control.encode(meta), DECODE_IP)
+
+
+def request_bytes(mem, npages: int) -> int:
+    kv = sum(mem.layout.buffers[b].item_len for b in mem.kv_ids) * npages
+    return kv + sum(mem.layout.buffers[b].item_len for ids in mem.state_ids for b in ids) + \
+        sum(mem.layout.buffers[b].item_len for b in mem.aux_ids)
+
+
+def ours_loopback(case: Case, repeat: int) -> dict:
+    """Whole requests (2 chunks; states + aux with the second) through add_transfer_request to a receiver
+    in this process: scheduler-thread ms per chunk and goodput."""
+    from prfaas_sgl.backend.memory import KVMemory, transfer_id
+    from prfaas_sgl.transfer.config import TransferConfig
+    from prfaas_sgl.transfer.receiver import ZmqReceiver
+
+    cfg = TransferConfig(**CFG_KW)
+    src_args, src_arrays = kv_args(case, seed=1)  # the arrays must outlive the transport: it holds raw pointers
+    dst_args, dst_arrays = kv_args(case)
+    dst_mem = KVMemory.of(dst_args)
+    rx = ZmqReceiver(dst_mem.layout, dst_mem.buffers, cfg)
+    m = prefill_manager(src_args, cfg)
+    sched, rates = [], []
+    try:
+        _register(m, "127.0.0.1", rx.address.port, dst_mem.layout)
+        for r in range(repeat):
+            room, tid = ROOM_BASE + r, transfer_id(ROOM_BASE + r, DECODE_IP, DECODE_PORT)
+            src, dst = chunk_pages(case, seed=r, chunks=2), chunk_pages(case, seed=100 + r, chunks=2)
+            rx.expect(tid, dst_mem.batch(dst, [np.array([1])], 1))
+            _open_room(m, room, len(dst))
+            t0 = time.perf_counter()
+            for k, last in ((0, False), (1, True)):
+                pages = src[k * case.pages: (k + 1) * case.pages]
+                t = time.perf_counter()
+                m.add_transfer_request(room, pages, slice(k * case.pages, (k + 1) * case.pages), last,
+                                       aux_index=2 if last else None, state_indices=[np.array([2])] if last else None)
+                sched.append((time.perf_counter() - t) * 1e3)
+            status = m.sender.wait(tid, 300)
+            dt = time.perf_counter() - t0
+            if status.state.value != "done":
+                raise RuntimeError(f"transfer ended {status}")
+            rates.append(request_bytes(dst_mem, len(dst)) * 8 / dt / 1e9)
+            m._watch_step()
+            rx.release(tid)
+    finally:
+        m.sender.close()
+        rx.close()
+        del src_arrays, dst_arrays
+    return {"ours_ms": statistics.median(sched), "ours_ms_max": max(sched), "ours_chunks": len(sched),
+            "loopback_gbit_s": statistics.median(rates), "request_mib": request_bytes(dst_mem, 2 * case.pages) / 2**20}
+
+
 def scheduler_case(case: Case, repeat: int) -> dict:
     row = {"case": case.name, "legacy_ms": legacy_ms(case, repeat)}
     try:
         row.update(_mooncake(case, repeat))
     except Exception as e:  # noqa: BLE001 - reported in the JSON, the run goes on
         row["mooncake_error"] = f"{type(e).__name__}: {e}"
+    row.update(ours_loopback(case, repeat))
     return row
+
+
+# -- over a tc tbf link: the receiver in a network namespace ----------------------------------------------
+def serve_receiver(host: str) -> None:
+    """Child process (in the namespace): one ZmqReceiver per case line read from stdin; prints its port,
+    expects the request, reports the result on stdout."""
+    from prfaas_sgl.backend.memory import KVMemory, transfer_id
+    from prfaas_sgl.transfer.config import TransferConfig
+    from prfaas_sgl.transfer.receiver import ZmqReceiver
+
+    for line in sys.stdin:
+        tokens, page_size, fragmented, seed = json.loads(line)
+        case = Case(tokens, page_size, fragmented)
+        args, arrays = kv_args(case)  # kept alive until the receiver is closed (raw pointers)
+        mem = KVMemory.of(args)
+        rx = ZmqReceiver(mem.layout, mem.buffers, TransferConfig(**CFG_KW), host=host)
+        tid = transfer_id(seed, DECODE_IP, DECODE_PORT)
+        rx.expect(tid, mem.batch(chunk_pages(case, seed=100 + seed, chunks=2), [np.array([1])], 1))
+        print(json.dumps({"port": rx.address.port}), flush=True)
+        status = rx.wait(tid, 300)
+        print(json.dumps({"state": status.state.value, "reason": status.reason, "bytes": status.nbytes}), flush=True)
+        rx.close()
+
+
+def link_case(case: Case, link, child, seed: int) -> dict:
+    from prfaas_sgl.backend.memory import KVMemory, transfer_id
+    from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
+    from prfaas_sgl.transfer.sender import ZmqSender
+
+    args, arrays = kv_args(case, seed=1)  # kept alive until the sender is closed (raw pointers)
+    mem = KVMemory.of(args)
+    tx = ZmqSender(mem.layout, mem.buffers, TransferConfig(**CFG_KW), devices=mem.devices)
+    try:
+        child.stdin.write(json.dumps([case.tokens, case.page_size, case.fragmented, seed]) + "\n")
+        child.stdin.flush()
+        port = json.loads(child.stdout.readline())["port"]
+        peer, tid = PeerInfo(link.remote_ip, port), transfer_id(seed, DECODE_IP, DECODE_PORT)
+        src = chunk_pages(case, seed=seed, chunks=2)
+        t0 = time.perf_counter()
+        tx.send(tid, peer, mem.batch(src[: case.pages]))
+        tx.send(tid, peer, mem.batch(src[case.pages:], [np.array([2])], 2), last=True)
+        status = tx.wait(tid, 300)
+        dt = time.perf_counter() - t0
+        rx = json.loads(child.stdout.readline())
+    finally:
+        tx.close()
+        del arrays
+    nbytes = request_bytes(mem, 2 * case.pages)
+    gbit = nbytes * 8 / dt / 1e9
+    return {"case": case.name, "rate": link.rate, "state": status.state.value, "rx_state": rx["state"],
+            "gbit_s": gbit, "fraction_of_link": gbit / _gbit(link.rate), "request_mib": nbytes / 2**20}
+
+
+def _gbit(rate: str) -> float:
+    return float(rate.removesuffix("gbit")) if rate.endswith("gbit") else float(rate.removesuffix("mbit")) / 1e3
+
+
+def link_runs(rates: list[str], tokens: int) -> list[dict]:
+    from prfaas_sgl import netns
+
+    problem = netns.root_problem()
+    if problem:
+        return [{"skipped": problem}]
+    rows = []
+    for rate in rates:
+        with netns.emulated_link(rate) as link:
+            cmd = link.exec_prefix + [sys.executable, os.path.abspath(__file__), "--serve-receiver", link.remote_ip]
+            child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            try:
+                for i, case in enumerate(cases(tokens)):
+                    row = link_case(case, link, child, seed=i + 1)
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+            finally:
+                child.stdin.close()
+                child.wait(60)
+    return rows
 
 
 def cases(tokens: int) -> list[Case]:
@@ -164,16 +353,23 @@ def environment() -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=8192, help="tokens per prefill chunk")
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--only", choices=["scheduler", "goodput"], default=None)
+    ap.add_argument("--repeat", type=int, default=3, help="requests per case (2 chunks each)")
+    ap.add_argument("--only", choices=["scheduler", "link"], default=None)
+    ap.add_argument("--rates", default="1gbit", help="tbf link rates, comma-separated")
     ap.add_argument("--out", default="out/bench_send_path.json")
+    ap.add_argument("--serve-receiver", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    result = {"env": environment(), "scheduler": [], "goodput": []}
+    if a.serve_receiver:
+        serve_receiver(a.serve_receiver)
+        return
+    result = {"env": environment(), "scheduler": [], "link": []}
     if a.only in (None, "scheduler"):
         for case in cases(a.tokens):
             row = scheduler_case(case, a.repeat)
-            print(json.dumps(row))
+            print(json.dumps(row), flush=True)
             result["scheduler"].append(row)
+    if a.only in (None, "link"):
+        result["link"] = link_runs(a.rates.split(","), a.tokens)
     result["env"]["loadavg_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:

@@ -164,8 +164,9 @@ class PrefillManager(PrfaasKVManager):
             out = self._open.setdefault(room, _Outgoing(room))
             out.tids[tid] = (info.endpoint, info.dst_port)
             out.closed = out.closed or last
+        # no wake-up of the watch thread here: the sender signals the transfer's end (on_terminal), and
+        # waking a Python thread from the scheduler thread only invites a GIL hand-off mid-call
         self.sender.send(tid, PeerInfo(peer.data_host, peer.data_port, peer.server_key), batch, last=last)
-        self._wake.set()
 
     # -- control thread: decode → prefill messages ---------------------------------------------------
     def _control_loop(self) -> None:
