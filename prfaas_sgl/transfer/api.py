@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from prfaas_sgl.transfer.config import PeerInfo
+from prfaas_sgl.transfer.items import ItemBatch
 from prfaas_sgl.transfer.layout import MemoryLayout, Region
 from prfaas_sgl.transfer.states import TransferStatus
 
@@ -24,8 +25,9 @@ class KVReceiver(Protocol):
     @property
     def fatal(self) -> str | None: ...
 
-    def expect(self, transfer_id: int, regions: Sequence[Region], timeout_s: float | None = None) -> None:
-        """Pre-register destination regions; bytes land there in per-buffer stream order."""
+    def expect(self, transfer_id: int, regions: Sequence[Region] | ItemBatch, timeout_s: float | None = None) -> None:
+        """Pre-register destination regions (or item ids: the staged path, ZmqReceiver only); bytes land
+        there in per-buffer stream order."""
 
     def poll(self, transfer_id: int) -> TransferStatus: ...
 
@@ -44,9 +46,10 @@ class KVSender(Protocol):
     @property
     def fatal(self) -> str | None: ...
 
-    def send(self, transfer_id: int, peer: PeerInfo, regions: Sequence[Region], last: bool = False,
+    def send(self, transfer_id: int, peer: PeerInfo, regions: Sequence[Region] | ItemBatch, last: bool = False,
              timeout_s: float | None = None) -> None:
-        """Queue source regions; call once per finished prefill chunk, `last=True` with states + aux."""
+        """Queue source regions (or item ids: the staged path, ZmqSender only); call once per finished
+        prefill chunk, `last=True` with states + aux."""
 
     def poll(self, transfer_id: int) -> TransferStatus: ...
 

@@ -198,8 +198,14 @@ class Stager:
         self._zmq = keep
 
     def _stage(self, batch: list[tuple[StagePlan, int]]) -> None:
-        for plan, _ in batch:
-            _prepare(plan, self.pools)
+        ok = []
+        for plan, slot in batch:  # a send whose ids are bad fails alone, not the plans staged beside it
+            try:
+                _prepare(plan, self.pools)
+                ok.append((plan, slot))
+            except Exception as e:
+                self._fail([(plan, slot)], f"staging failed: {type(e).__name__}: {e}")
+        batch[:] = ok
         if self._cuda is not None:
             self._cuda.stage(self.pools, self.ring, batch)
         else:

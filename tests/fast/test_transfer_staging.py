@@ -167,6 +167,17 @@ def test_bad_item_id_fails_the_transfer_not_the_caller(pair):
     assert status.state is S.FAILED and "outside buffer 0" in status.reason
 
 
+def test_bad_ids_fail_only_their_transfer(pair):
+    """Plans of a bad send and a good one staged in the same batch: only the bad transfer fails."""
+    lay, src, dst, tx, rx = pair()
+    bad, good = next(IDS), next(IDS)
+    rx.expect(good, batch([4, 5]))
+    tx.send(bad, rx.address, batch([1, 99_999]), last=True)
+    tx.send(good, rx.address, batch([6, 7]), last=True)
+    assert rx.wait(good, 10).state is S.DONE
+    assert tx.wait(bad, 10).state is S.FAILED
+
+
 def test_region_sender_feeds_an_item_receiver(pair):
     """The byte-region path and the item path carry the same streams: chunks that cut items anywhere
     land right (spans: head piece, whole items, tail piece)."""
