@@ -192,9 +192,13 @@ class Stager:
             return None
 
     def _reclaim(self) -> None:
-        keep = collections.deque()
+        """Slots whose frames libzmq has let go of are free again (caller holds the lock)."""
+        keep: collections.deque[tuple[int, Any]] = collections.deque()
         for slot, tracker in self._zmq:
-            (self.ring.free if tracker.done else keep).append(slot if tracker.done else (slot, tracker))
+            if tracker.done:
+                self.ring.free.append(slot)
+            else:
+                keep.append((slot, tracker))
         self._zmq = keep
 
     def _stage(self, batch: list[tuple[StagePlan, int]]) -> None:
