@@ -212,13 +212,16 @@ class PrfaasHybridCache(BasePrefixCache):
         state if up_to is a checkpoint boundary (its state slot holds exactly that state).
 
             blocks   [0 ..... offered)[offered .......... n)      n = up_to // bs
-                      committed before  hashed only if new, stored with one gather from the row
+                      committed before  the pool may store these now: one gather from the row
+        Hashes come from the request's memo: only blocks no earlier call saw are hashed.
         """
         if req.extra_key is not None or req.cache_salt or up_to < self.bs or req.kv.req_pool_idx is None:
             return
         ids = req.full_untruncated_fill_ids
         n = min(up_to, len(ids)) // self.bs
         length = n * self.bs
+        if n == 0:
+            return
         seen = self.memo.get(req.rid, ids)
         ent = self._reqs.get(req.kv.req_pool_idx)
         if ent is None:
@@ -233,7 +236,8 @@ class PrfaasHybridCache(BasePrefixCache):
         hashes = seen.hashes
         insert = Insert(self.req_to_token_pool.req_to_token[req.kv.req_pool_idx],
                         {hashes[i]: i for i in range(ent.offered, n)})
-        if not self.kv_only and up_to % self.cfg.checkpoint_interval == 0 and hashes[n - 1] not in self.mirror.state_of:
+        on_grid = length == up_to and up_to % self.cfg.checkpoint_interval == 0
+        if not self.kv_only and on_grid and hashes[n - 1] not in self.mirror.state_of:
             insert.state_hash, insert.state = hashes[n - 1], self._snapshot(req)
         point = self._commit_point(ent, hashes, length, insert)
         self.pool.commit(ent.pool_id, point)
