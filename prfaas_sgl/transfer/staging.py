@@ -159,6 +159,10 @@ class Stager:
 
     # -- stager thread ---------------------------------------------------------------------------------
     def _run(self) -> None:
+        # Thread-local: one intra-op thread for our gathers. With the default (all cores) a 1 MiB
+        # index_select took 4.9 ms instead of 0.35 ms on a busy 2-core host (OpenMP workers waiting for
+        # cores the server's own threads hold); SGLang's threads keep their setting.
+        torch.set_num_threads(1)
         while True:
             batch = self._take()
             if batch is None:
@@ -388,10 +392,14 @@ def apply_spans(pools: Pools, b: int, stream: ItemStream, offset: int, src: torc
         pos += z - a
     w0, w1 = sp.whole
     if w1 > w0:
-        if stream.tensor_index is None or stream.tensor_index.device != view.device:
-            stream.tensor_index = torch.from_numpy(stream.index).to(view.device)
         k = w1 - w0
-        view.index_copy_(0, stream.tensor_index[w0:w1], src[pos: pos + k * s].view(k, *view.shape[1:]))
+        rows = src[pos: pos + k * s].view(k, *view.shape[1:])
+        if view.is_cuda:
+            if stream.tensor_index is None or stream.tensor_index.device != view.device:
+                stream.tensor_index = torch.from_numpy(stream.index).to(view.device)
+            view.index_copy_(0, stream.tensor_index[w0:w1], rows)
+        else:  # numpy's fancy assignment: 0.5 ms per MiB of 1 KiB rows here, torch's CPU index_copy_ 4 ms
+            view.numpy()[stream.index[w0:w1]] = rows.numpy()
         pos += k * s
     if sp.tail is not None:
         i, z = sp.tail
