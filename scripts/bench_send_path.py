@@ -16,12 +16,12 @@ Measured per configuration:
   without SGLang's constructor, as in tests/fast/test_backend_hardening.py), up to its return;
 - `mooncake_ms`: SGLang's `MooncakeKVManager.add_transfer_request` on the same indices (see `_mooncake`),
   plus `mooncake_group_ms`, its worker-thread run grouping (`group_concurrent_contiguous`) per chunk;
-- `ours_ms` comes from whole requests sent over loopback TCP to a real `ZmqReceiver` in this process (two
-  chunks of --tokens tokens, the second with the 36 state slots and the aux row): the median over all
-  chunks; `loopback_gbit_s`: the request's bytes over (first add_transfer_request → sender DONE);
-- link (`--only link`, root): the same requests from `ZmqSender` + `KVMemory.batch` (what
-  add_transfer_request hands the sender) to a receiver process in a network namespace behind a `tc tbf`
-  veth link (prfaas_sgl/netns.py), goodput as a fraction of the link rate (tbf's ceiling is ~0.956).
+- `ours_ms` comes from whole requests (two chunks of --tokens tokens, the second with the 36 state slots and
+  the aux row) sent through add_transfer_request over loopback TCP to a `ZmqReceiver` in a child process
+  (the decode's place): the median over all chunks (`ours_ms_max`: the slowest); `gbit_s`: the request's
+  bytes over (first add_transfer_request → sender DONE); `frames_per_mib`: chunk messages per MiB;
+- link (`--only link`, root): the same requests to a receiver process in a network namespace behind a
+  `tc tbf` veth link (prfaas_sgl/netns.py); `fraction_of_link` (tbf's ceiling is ~0.956).
 """
 from __future__ import annotations
 
@@ -210,27 +210,27 @@ def request_bytes(mem, npages: int) -> int:
         sum(mem.layout.buffers[b].item_len for b in mem.aux_ids)
 
 
-def ours_loopback(case: Case, repeat: int) -> dict:
-    """Whole requests (2 chunks; states + aux with the second) through add_transfer_request to a receiver
-    in this process: scheduler-thread ms per chunk and goodput."""
+def ours_requests(case: Case, repeat: int, host: str, child, rate: str | None = None) -> dict:
+    """`repeat` whole requests (2 chunks; the 36 state slots + aux row with the second) through
+    PrefillManager.add_transfer_request to a receiver process (`child`, see serve_receiver) at `host`:
+    scheduler-thread ms per chunk, goodput (first call → sender DONE), frames per MiB."""
     from prfaas_sgl.backend.memory import KVMemory, transfer_id
     from prfaas_sgl.transfer.config import TransferConfig
-    from prfaas_sgl.transfer.receiver import ZmqReceiver
 
     cfg = TransferConfig(**CFG_KW)
     src_args, src_arrays = kv_args(case, seed=1)  # the arrays must outlive the transport: it holds raw pointers
-    dst_args, dst_arrays = kv_args(case)
-    dst_mem = KVMemory.of(dst_args)
-    rx = ZmqReceiver(dst_mem.layout, dst_mem.buffers, cfg)
+    mem = KVMemory.of(src_args)
     m = prefill_manager(src_args, cfg)
-    sched, rates = [], []
+    sched, rates, frames = [], [], []
     try:
-        _register(m, "127.0.0.1", rx.address.port, dst_mem.layout)
+        child.stdin.write(json.dumps([case.tokens, case.page_size, case.fragmented, repeat]) + "\n")
+        child.stdin.flush()
+        _register(m, host, json.loads(child.stdout.readline())["port"], mem.layout)
+        nbytes = request_bytes(mem, 2 * case.pages)
         for r in range(repeat):
             room, tid = ROOM_BASE + r, transfer_id(ROOM_BASE + r, DECODE_IP, DECODE_PORT)
-            src, dst = chunk_pages(case, seed=r, chunks=2), chunk_pages(case, seed=100 + r, chunks=2)
-            rx.expect(tid, dst_mem.batch(dst, [np.array([1])], 1))
-            _open_room(m, room, len(dst))
+            src = chunk_pages(case, seed=r, chunks=2)
+            _open_room(m, room, len(src))
             t0 = time.perf_counter()
             for k, last in ((0, False), (1, True)):
                 pages = src[k * case.pages: (k + 1) * case.pages]
@@ -242,83 +242,67 @@ def ours_loopback(case: Case, repeat: int) -> dict:
             dt = time.perf_counter() - t0
             if status.state.value != "done":
                 raise RuntimeError(f"transfer ended {status}")
-            rates.append(request_bytes(dst_mem, len(dst)) * 8 / dt / 1e9)
+            rates.append(nbytes * 8 / dt / 1e9)
+            frames.append(m.sender._book.transfers[tid].next_seq / (nbytes / 2**20))
             m._watch_step()
-            rx.release(tid)
+        received = [json.loads(child.stdout.readline()) for _ in range(repeat)]
     finally:
         m.sender.close()
-        rx.close()
-        del src_arrays, dst_arrays
-    return {"ours_ms": statistics.median(sched), "ours_ms_max": max(sched), "ours_chunks": len(sched),
-            "loopback_gbit_s": statistics.median(rates), "request_mib": request_bytes(dst_mem, 2 * case.pages) / 2**20}
+        del src_arrays
+    row = {"ours_ms": statistics.median(sched), "ours_ms_max": max(sched), "ours_chunks": len(sched),
+           "gbit_s": statistics.median(rates), "gbit_s_min": min(rates), "frames_per_mib": max(frames),
+           "request_mib": nbytes / 2**20, "receiver": sorted({x["state"] for x in received})}
+    if rate is not None:
+        row["fraction_of_link"] = row["gbit_s"] / _gbit(rate)
+    return row
 
 
-def scheduler_case(case: Case, repeat: int) -> dict:
+def receiver_process(prefix: list[str], host: str) -> subprocess.Popen:
+    cmd = prefix + [sys.executable, os.path.abspath(__file__), "--serve-receiver", host]
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def scheduler_case(case: Case, repeat: int, child) -> dict:
     row = {"case": case.name, "legacy_ms": legacy_ms(case, repeat)}
     try:
         row.update(_mooncake(case, repeat))
     except Exception as e:  # noqa: BLE001 - reported in the JSON, the run goes on
         row["mooncake_error"] = f"{type(e).__name__}: {e}"
-    row.update(ours_loopback(case, repeat))
+    row.update(ours_requests(case, repeat, "127.0.0.1", child))
     return row
 
 
-# -- over a tc tbf link: the receiver in a network namespace ----------------------------------------------
+# -- the decode side: a receiver process (on loopback, or in a network namespace behind a tc tbf link) -----
 def serve_receiver(host: str) -> None:
-    """Child process (in the namespace): one ZmqReceiver per case line read from stdin; prints its port,
-    expects the request, reports the result on stdout."""
+    """Child process: per case line read from stdin, one ZmqReceiver expecting `repeat` requests; prints
+    its port, then one result line per request."""
     from prfaas_sgl.backend.memory import KVMemory, transfer_id
     from prfaas_sgl.transfer.config import TransferConfig
+
     from prfaas_sgl.transfer.receiver import ZmqReceiver
 
     for line in sys.stdin:
-        tokens, page_size, fragmented, seed = json.loads(line)
+        tokens, page_size, fragmented, repeat = json.loads(line)
         case = Case(tokens, page_size, fragmented)
         args, arrays = kv_args(case)  # kept alive until the receiver is closed (raw pointers)
         mem = KVMemory.of(args)
         rx = ZmqReceiver(mem.layout, mem.buffers, TransferConfig(**CFG_KW), host=host)
-        tid = transfer_id(seed, DECODE_IP, DECODE_PORT)
-        rx.expect(tid, mem.batch(chunk_pages(case, seed=100 + seed, chunks=2), [np.array([1])], 1))
+        tids = [transfer_id(ROOM_BASE + r, DECODE_IP, DECODE_PORT) for r in range(repeat)]
+        for r, tid in enumerate(tids):
+            rx.expect(tid, mem.batch(chunk_pages(case, seed=100 + r, chunks=2), [np.array([1])], 1))
         print(json.dumps({"port": rx.address.port}), flush=True)
-        status = rx.wait(tid, 300)
-        print(json.dumps({"state": status.state.value, "reason": status.reason, "bytes": status.nbytes}), flush=True)
+        for tid in tids:
+            status = rx.wait(tid, 300)
+            print(json.dumps({"state": status.state.value, "reason": status.reason}), flush=True)
         rx.close()
-
-
-def link_case(case: Case, link, child, seed: int) -> dict:
-    from prfaas_sgl.backend.memory import KVMemory, transfer_id
-    from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
-    from prfaas_sgl.transfer.sender import ZmqSender
-
-    args, arrays = kv_args(case, seed=1)  # kept alive until the sender is closed (raw pointers)
-    mem = KVMemory.of(args)
-    tx = ZmqSender(mem.layout, mem.buffers, TransferConfig(**CFG_KW), devices=mem.devices)
-    try:
-        child.stdin.write(json.dumps([case.tokens, case.page_size, case.fragmented, seed]) + "\n")
-        child.stdin.flush()
-        port = json.loads(child.stdout.readline())["port"]
-        peer, tid = PeerInfo(link.remote_ip, port), transfer_id(seed, DECODE_IP, DECODE_PORT)
-        src = chunk_pages(case, seed=seed, chunks=2)
-        t0 = time.perf_counter()
-        tx.send(tid, peer, mem.batch(src[: case.pages]))
-        tx.send(tid, peer, mem.batch(src[case.pages:], [np.array([2])], 2), last=True)
-        status = tx.wait(tid, 300)
-        dt = time.perf_counter() - t0
-        rx = json.loads(child.stdout.readline())
-    finally:
-        tx.close()
         del arrays
-    nbytes = request_bytes(mem, 2 * case.pages)
-    gbit = nbytes * 8 / dt / 1e9
-    return {"case": case.name, "rate": link.rate, "state": status.state.value, "rx_state": rx["state"],
-            "gbit_s": gbit, "fraction_of_link": gbit / _gbit(link.rate), "request_mib": nbytes / 2**20}
 
 
 def _gbit(rate: str) -> float:
     return float(rate.removesuffix("gbit")) if rate.endswith("gbit") else float(rate.removesuffix("mbit")) / 1e3
 
 
-def link_runs(rates: list[str], tokens: int) -> list[dict]:
+def link_runs(rates: list[str], tokens: int, repeat: int) -> list[dict]:
     from prfaas_sgl import netns
 
     problem = netns.root_problem()
@@ -327,11 +311,10 @@ def link_runs(rates: list[str], tokens: int) -> list[dict]:
     rows = []
     for rate in rates:
         with netns.emulated_link(rate) as link:
-            cmd = link.exec_prefix + [sys.executable, os.path.abspath(__file__), "--serve-receiver", link.remote_ip]
-            child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            child = receiver_process(link.exec_prefix, link.remote_ip)
             try:
-                for i, case in enumerate(cases(tokens)):
-                    row = link_case(case, link, child, seed=i + 1)
+                for case in cases(tokens):
+                    row = {"case": case.name, "rate": rate, **ours_requests(case, repeat, link.remote_ip, child, rate)}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
             finally:
@@ -364,12 +347,17 @@ def main() -> None:
         return
     result = {"env": environment(), "scheduler": [], "link": []}
     if a.only in (None, "scheduler"):
-        for case in cases(a.tokens):
-            row = scheduler_case(case, a.repeat)
-            print(json.dumps(row), flush=True)
-            result["scheduler"].append(row)
+        child = receiver_process([], "127.0.0.1")
+        try:
+            for case in cases(a.tokens):
+                row = scheduler_case(case, a.repeat, child)
+                print(json.dumps(row), flush=True)
+                result["scheduler"].append(row)
+        finally:
+            child.stdin.close()
+            child.wait(60)
     if a.only in (None, "link"):
-        result["link"] = link_runs(a.rates.split(","), a.tokens)
+        result["link"] = link_runs(a.rates.split(","), a.tokens, a.repeat)
     result["env"]["loadavg_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:

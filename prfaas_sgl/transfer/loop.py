@@ -131,10 +131,8 @@ class SocketLoop:
         # The loop may have ended between the check and the append; it sets `_exited` before it
         # drains the queue, so either the drain fails this call or this second check sees the end.
         self._check_alive()
-        if len(self._calls) > 1:
-            return  # a wake-up is already pending: the loop drains every queued call when it runs
         try:
-            os.write(self._wake_w, b"!")  # a syscall: the caller (maybe SGLang's scheduler) drops the GIL
+            os.write(self._wake_w, b"!")
         except BlockingIOError:
             pass  # pipe full: the loop is already awake with work pending
 
