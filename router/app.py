@@ -129,7 +129,7 @@ class Router:
             req = await self._parse(request, endpoint)
             hashes = block_hashes(req.tokens, self.cfg.block_size)
             try:
-                d = self.core.route(len(req.tokens), hashes, time.monotonic())
+                d = await self.core.route_paced(len(req.tokens), hashes)  # the paced policy may hold it
             except NoInstanceError as e:
                 raise ApiError(503, str(e), "server_error", "no_healthy_instance") from e
             self.metrics.overhead.observe(time.perf_counter() - t0)
