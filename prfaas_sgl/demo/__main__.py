@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slo-ttft", type=float, default=10.0, help="goodput SLO: TTFT seconds (CPU scale)")
     ap.add_argument("--slo-tpot", type=float, default=0.5, help="goodput SLO: TPOT seconds (CPU scale)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-shift", action="store_true", help="skip the workload-shift phase (a restart under load "
+                    "takes minutes here: the CI smoke test skips it; tests/sglang/test_role_switch.py proves it)")
     ap.add_argument("--out", type=Path, default=Path("out/demo"))
     args = ap.parse_args(argv)
     if args.quick:
@@ -152,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             prom = monitor.start(stack.dep, args.out, say)
             tokenizer = f"{model}/tokenizer.json"
             for i, phase in enumerate(PHASES, 1):
+                if phase.shift and args.no_shift:
+                    continue
                 say(f"phase {i}/{len(PHASES)}: {phase.label} on {', '.join(phase.servers)}")
                 router.call(lambda r: use_servers(r.cluster, phase.servers))
                 if phase.shift:
@@ -169,9 +173,12 @@ def main(argv: list[str] | None = None) -> int:
             stack.stop()
     print()
     print(format_side_by_side(rows))
-    print("\nworkload shift + controller (local prefill -> decode under load):")
-    print(format_side_by_side(parts))
-    print("\n".join(["controller actions:", *lines] if lines else ["controller actions: none (no switch)"]))
+    if args.no_shift:
+        print("\nworkload shift + controller: skipped (--no-shift)")
+    else:
+        print("\nworkload shift + controller (local prefill -> decode under load):")
+        print(format_side_by_side(parts))
+        print("\n".join(["controller actions:", *lines] if lines else ["controller actions: none (no switch)"]))
     print("\n" + "\n".join(NOT_EMULATED))
     for path, table in ((args.out / "summary.json", rows), (args.out / "shift" / "summary.json", parts)):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "shift" / "actions.txt").write_text("\n".join(lines) + "\n")
     say(f"done in {time.monotonic() - t0:.0f}s; results and plots in {args.out}/ (switch: {args.out}/shift/)")
     switched = any(line.split("] ")[1].startswith("applied") for line in lines)
-    return 0 if all(r["summary"]["errors"] == 0 for _, r in rows + parts) and switched else 1
+    return 0 if all(r["summary"]["errors"] == 0 for _, r in rows + parts) and (switched or args.no_shift) else 1
 
 
 if __name__ == "__main__":
