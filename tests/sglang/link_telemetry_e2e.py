@@ -1,4 +1,7 @@
-"""Link telemetry with real servers (issue 12 M8): a prfaas_zmq remote prefill in a network namespace sends
+"""Not collected by `make test` (no test_ prefix): it failed in the clean-clone run at 3d0e429 and was not
+re-run in time. Run: `.venv/bin/python -m pytest -q tests/sglang/link_telemetry_e2e.py` (root).
+
+Link telemetry with real servers (issue 12 M8): a prfaas_zmq remote prefill in a network namespace sends
 KV over a `tc tbf` link to a decode on the host; the router, on the host, polls the prefill's transport
 stats across the link (`--prfaas-zmq-stats-host` = the prefill's routable address).
 
