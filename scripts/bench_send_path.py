@@ -13,7 +13,7 @@ Measured per configuration:
   per page and buffer (`item_regions`), the state/aux tail, and `ZmqSender.send`'s `check_region` per region
   — rebuilt here from the still-present layout helpers, so it can be measured beside the new path;
 - `ours_ms`: `PrefillManager.add_transfer_request` as SGLang calls it (a real manager and `ZmqSender`
-  without SGLang's constructor, as in tests/fast/test_backend_hardening.py), up to its return;
+  without SGLang's constructor, as in tests/fast/backend_stubs.py), up to its return;
 - `mooncake_ms`: SGLang's `MooncakeKVManager.add_transfer_request` on the same indices (see `_mooncake`),
   plus `mooncake_group_ms`, its worker-thread run grouping (`group_concurrent_contiguous`) per chunk;
 - `ours_ms` comes from whole requests (two chunks of --tokens tokens, the second with the 36 state slots and

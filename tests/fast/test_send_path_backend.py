@@ -1,5 +1,5 @@
 """The prfaas_zmq backend on the staged path (issue 13): SGLang's calls on a real PrefillManager and
-DecodeManager (built without SGLang's constructor, as in test_backend_hardening.py) over real
+DecodeManager (built without SGLang's constructor, as in backend_stubs.py) over real
 ZmqSender/ZmqReceiver threads and SGLang-shaped host pools: K/V pages, a MAMBA state component, aux."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from prfaas_sgl.transfer.receiver import ZmqReceiver  # noqa: E402
 from prfaas_sgl.transfer.sender import ZmqSender  # noqa: E402
 from prfaas_sgl.transfer.states import TransferState as S  # noqa: E402
 
-from .test_backend_hardening import _common, make_decode, make_prefill  # noqa: E402
+from .backend_stubs import _common, make_decode, make_prefill  # noqa: E402
 
 CFG = TransferConfig(connections=2, chunk_bytes=65536, window_bytes=1 << 20, timeout_s=10, stage_slots=8)
 PAGE, PAGES, STATES, SLOTS = 2048, 300, (5000, 70000), 3  # the second state item is > one chunk
