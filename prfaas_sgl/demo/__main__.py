@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slo-tpot", type=float, default=0.5, help="goodput SLO: TPOT seconds (CPU scale)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-shift", action="store_true", help="skip the workload-shift phase (a restart under load "
-                    "takes minutes here: the CI smoke test skips it; tests/sglang/test_role_switch.py proves it)")
+                    "takes minutes here: the CI smoke test skips it; tests/sglang/role_switch_e2e.py proves it)")
     ap.add_argument("--out", type=Path, default=Path("out/demo"))
     args = ap.parse_args(argv)
     if args.quick:

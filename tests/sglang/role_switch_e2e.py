@@ -1,4 +1,7 @@
-"""A role switch under load with real SGLang servers (issue 15): two local prefills and one decode behind the
+"""Outside `make test` (no test_ prefix) to keep CI under its time limit (~500 s under load); run it with
+`.venv/bin/python -m pytest -q tests/sglang/role_switch_e2e.py`.
+
+A role switch under load with real SGLang servers (issue 15): two local prefills and one decode behind the
 router; the controller recommends one more decode; the processes actuator drains a prefill, restarts it as a
 decode with the same flags and the router admits it. Every request of the load must answer HF greedy's
 tokens (0 lost), and the switched server must then decode on its own. One switch, ~20 small requests:
