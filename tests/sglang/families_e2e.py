@@ -18,7 +18,7 @@ import pytest
 
 from prfaas_sgl.launch import free_port
 from prfaas_sgl.models.tiny import ensure
-from prfaas_sgl.router.kv_accounting import account_path
+from router.kv_accounting import account_path
 
 from .conftest import Farm, spec
 from .pd import generate_body, pd_generate, post
