@@ -1,7 +1,7 @@
 """Router overhead benchmark: our router vs SGLang's mini_lb and Rust PD router, same stand-in backends.
 
-All three routers sit in front of the same stand-in prefill + decode pair (router/standin.py, one separate
-process). For each target we measure, with a seeded open-loop Poisson load at ``--rate`` req/s, latency
+All three routers sit in front of the same stand-in prefill + decode pair (tests/support/router_standin.py, one
+separate process). For each target we measure, with a seeded open-loop Poisson load at ``--rate`` req/s, latency
 percentiles; "added" latency = target percentile - direct percentile, where "direct" is the client doing the
 PD fan-out itself (prefill + decode posted concurrently, no router). Then a closed loop at
 ``--concurrency`` gives the max req/s. Writes out/bench_router.json and prints markdown rows.
@@ -27,7 +27,8 @@ import aiohttp
 import numpy as np
 import uvloop
 
-from prfaas_sgl.router.standin import RoomBoard, Standin, build_tiny_tokenizer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the stand-ins are test support, not installed
+from tests.support.router_standin import RoomBoard, Standin, build_tiny_tokenizer  # noqa: E402
 
 BODY = {"model": "tiny", "prompt": "hello world, how are you today?", "max_tokens": 4}
 

@@ -16,7 +16,6 @@ from prfaas_sgl.transfer.states import TransferState, TransferStatus
 __all__ = [
     "BufferSpec", "MemoryLayout", "PeerInfo", "Region", "TransferConfig", "TransferState", "TransferStatus",
     "coalesce", "item_regions", "kv_layout", "page_regions", "tail_regions", "ZmqReceiver", "ZmqSender",
-    "FakeTransport",
 ]
 
 
@@ -28,7 +27,4 @@ def __getattr__(name: str):
     if name == "ZmqSender":
         from prfaas_sgl.transfer.sender import ZmqSender
         return ZmqSender
-    if name == "FakeTransport":
-        from prfaas_sgl.transfer.fake import FakeTransport
-        return FakeTransport
     raise AttributeError(name)

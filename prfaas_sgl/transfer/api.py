@@ -1,6 +1,7 @@
 """The interface higher layers (the SGLang backend, the router's tests) program against.
 
-`ZmqSender`/`ZmqReceiver` implement it over the network; `fake.FakeTransport` in process.
+`ZmqSender`/`ZmqReceiver` implement it over the network; tests/support/fake_transport.py in process (a test
+double, so it lives with the tests).
 Contract, both sides: calls are thread-safe and never block on the network; `poll()` is cheap and
 returns the latest `TransferStatus`; a terminal status never changes; `release()` forgets a transfer.
 `fatal` is None while the side works and the reason once its loop thread died (then every pending

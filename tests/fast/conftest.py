@@ -2,7 +2,7 @@
 
 import pytest
 
-from prfaas_sgl.transfer.testing import Remote, fill_random
+from tests.support.transport import Remote, fill_random
 
 
 @pytest.fixture(scope="module")

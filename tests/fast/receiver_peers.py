@@ -12,7 +12,7 @@ from prfaas_sgl.transfer.layout import item_regions, page_regions
 from prfaas_sgl.transfer.messages import Chunk, Close, Codec, Open
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
-from prfaas_sgl.transfer.testing import read_regions, small_layout
+from tests.support.transport import read_regions, small_layout
 
 LAYOUT = small_layout()  # kv buffers 0..3 of 64 pages × 4 KiB
 PAGE = 4096

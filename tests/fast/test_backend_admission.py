@@ -164,7 +164,7 @@ def test_sender_will_not_encrypt_kv_for_an_announced_untrusted_key(keys, tmp_pat
     from prfaas_sgl.transfer.layout import page_regions
     from prfaas_sgl.transfer.receiver import ZmqReceiver
     from prfaas_sgl.transfer.sender import ZmqSender
-    from prfaas_sgl.transfer.testing import fill_random, small_layout
+    from tests.support.transport import fill_random, small_layout
 
     good, attacker = keys
     evil = tmp_path / "evil"

@@ -10,7 +10,7 @@ from prfaas_sgl.demo.topology import PHASES, DemoLink, deployment
 from prfaas_sgl.router.actuators.base import Action, Split
 from prfaas_sgl.router.cluster import Cluster
 from prfaas_sgl.router.config import RouterConfig
-from prfaas_sgl.router.standin import build_tiny_tokenizer
+from tests.support.router_standin import build_tiny_tokenizer
 
 LOOPBACK = DemoLink("127.0.0.1", "127.0.0.1", None, None)
 

@@ -17,7 +17,7 @@ from prfaas_sgl.router.actuators.processes import ProcessesActuator
 from prfaas_sgl.router.app import RouterHandle, start_router
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
 from prfaas_sgl.router.controller_glue import close_loop
-from prfaas_sgl.router.standin import RoomBoard, Standin, build_tiny_tokenizer
+from tests.support.router_standin import RoomBoard, Standin, build_tiny_tokenizer
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,7 +17,7 @@ import pytest
 from prfaas_sgl.loadgen.cli import bench
 from prfaas_sgl.loadgen.config import BenchConfig
 from prfaas_sgl.loadgen.report import format_table
-from prfaas_sgl.loadgen.standin import StandInScript, StandInServer
+from tests.support.loadgen_standin import StandInScript, StandInServer
 
 BASE_TOL = 0.03  # HTTP round trip and parsing on an idle machine, generously
 EARLY = 0.002  # asyncio timers may fire up to a clock tick early

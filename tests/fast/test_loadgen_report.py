@@ -15,8 +15,8 @@ from prfaas_sgl.loadgen.client import RequestRecord
 from prfaas_sgl.loadgen.plots import write_plots
 from prfaas_sgl.loadgen.report import SCHEMA, build_results, format_table
 from prfaas_sgl.loadgen.runner import RunResult
-from prfaas_sgl.loadgen.standin import StandInScript, StandInServer
 from prfaas_sgl.loadgen.stats import Slo, throughput_series
+from tests.support.loadgen_standin import StandInScript, StandInServer
 
 TTFTS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 3.0]
 
@@ -122,7 +122,7 @@ def test_bench_subcommand_hooks_into_a_parent_parser():
 
 
 def test_library_imports_no_torch_sglang_or_matplotlib():
-    code = ("import sys, prfaas_sgl.loadgen.cli, prfaas_sgl.loadgen.standin, prfaas_sgl.loadgen.report;"
+    code = ("import sys, prfaas_sgl.loadgen.cli, prfaas_sgl.loadgen.report;"
             "print(sorted(m for m in ('torch', 'sglang', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"

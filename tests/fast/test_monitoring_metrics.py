@@ -15,8 +15,8 @@ from prfaas_sgl.router.config import RouterConfig
 from prfaas_sgl.router.controller_glue import build_controller
 from prfaas_sgl.router.metrics import RouterMetrics
 from prfaas_sgl.router.routing import RoutingCore
-from prfaas_sgl.router.standin import build_tiny_tokenizer
 from tests.fast.test_router_http import LONG, SHORT, rig
+from tests.support.router_standin import build_tiny_tokenizer
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "paper_case_study.toml"
 REMOTE_DELAY_S = 0.3

@@ -23,11 +23,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_sgl.deploy.prometheus import metric_names
 from prfaas_sgl.launch import free_port
-from prfaas_sgl.router.standin import RoomBoard, Standin, build_tiny_tokenizer
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
 from prfaas_sgl.transfer.layout import page_regions
 from prfaas_sgl.transfer.receiver import ZmqReceiver
-from prfaas_sgl.transfer.testing import Remote, small_layout
+from tests.support.router_standin import RoomBoard, Standin, build_tiny_tokenizer
+from tests.support.transport import Remote, small_layout
 
 pytestmark = pytest.mark.timeout(90)
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"

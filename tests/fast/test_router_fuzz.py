@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings, strategies as 
 
 from prfaas_sgl.router.app import RouterHandle, start_router
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
-from prfaas_sgl.router.standin import RoomBoard, Standin, build_tiny_tokenizer
+from tests.support.router_standin import RoomBoard, Standin, build_tiny_tokenizer
 
 SPEC_PATH = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
 MODEL = "tiny"

@@ -19,8 +19,8 @@ import pytest
 from aiohttp import web
 
 from prfaas_sgl.router.requests import ApiError, Limits, parse_request
-from prfaas_sgl.router.standin import Standin, build_tiny_tokenizer
 from prfaas_sgl.router.tokenize import PromptTokenizer
+from tests.support.router_standin import Standin, build_tiny_tokenizer
 
 from .test_router_http import LONG, SHORT, rig, run
 

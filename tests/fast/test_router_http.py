@@ -13,7 +13,7 @@ import pytest
 
 from prfaas_sgl.router.app import RouterHandle, start_router
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
-from prfaas_sgl.router.standin import RoomBoard, Standin, build_tiny_tokenizer
+from tests.support.router_standin import RoomBoard, Standin, build_tiny_tokenizer
 
 pytestmark = pytest.mark.timeout(60)
 

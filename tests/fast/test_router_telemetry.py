@@ -23,11 +23,11 @@ from prfaas_sgl.router.config import InstanceSpec, RouterConfig
 from prfaas_sgl.router.kv_events import BlockStored, KVEventBatch, KVEventSubscriber
 from prfaas_sgl.router.metrics import RouterMetrics
 from prfaas_sgl.router.prefix_index import ExactIndex
-from prfaas_sgl.router.standin import RoomBoard, Standin, build_tiny_tokenizer
 from prfaas_sgl.transfer.config import TransferConfig
 from prfaas_sgl.transfer.layout import kv_layout, page_regions
 from prfaas_sgl.transfer.stats import StatsBook, StatsServer
-from prfaas_sgl.transfer.testing import Remote, fill_random
+from tests.support.router_standin import RoomBoard, Standin, build_tiny_tokenizer
+from tests.support.transport import Remote, fill_random
 
 pytestmark = pytest.mark.timeout(60)
 MB = 1_000_000

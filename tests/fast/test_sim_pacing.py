@@ -17,7 +17,7 @@ from prfaas_sgl.router.policy import InstanceView, LinkView, ModelCost, PolicyPa
 from prfaas_sgl.router.routing import RoutingCore
 from prfaas_sgl.router.sim.config import sim_config
 from prfaas_sgl.router.sim.run import build
-from prfaas_sgl.router.standin import build_tiny_tokenizer
+from tests.support.router_standin import build_tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 GBIT = 1e9

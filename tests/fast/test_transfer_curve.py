@@ -9,7 +9,7 @@ from prfaas_sgl.transfer.layout import page_regions
 from prfaas_sgl.transfer.security import generate_keys, server_public_key
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
-from prfaas_sgl.transfer.testing import Remote, fill_random, read_regions, small_layout
+from tests.support.transport import Remote, fill_random, read_regions, small_layout
 
 LAYOUT = small_layout()
 PAGES = [3, 4, 5, 9]

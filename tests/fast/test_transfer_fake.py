@@ -2,10 +2,10 @@
 
 import numpy as np
 
-from prfaas_sgl.transfer.fake import FakeTransport
 from prfaas_sgl.transfer.layout import page_regions, tail_regions
 from prfaas_sgl.transfer.states import TransferState as S
-from prfaas_sgl.transfer.testing import fill_random, read_regions, small_layout
+from tests.support.fake_transport import FakeTransport
+from tests.support.transport import fill_random, read_regions, small_layout
 
 LAYOUT = small_layout()
 

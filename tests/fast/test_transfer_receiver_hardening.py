@@ -12,15 +12,15 @@ import xxhash
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from prfaas_sgl.transfer import fake
 from prfaas_sgl.transfer import faults as F
 from prfaas_sgl.transfer import receiver as R
-from prfaas_sgl.transfer.fake import FakeTransport
 from prfaas_sgl.transfer.layout import page_regions
 from prfaas_sgl.transfer.messages import Abort, Ack, Chunk, Failed, Open, OpenAck
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
-from prfaas_sgl.transfer.testing import read_regions
+from tests.support import fake_transport as fake
+from tests.support.fake_transport import FakeTransport
+from tests.support.transport import read_regions
 
 from .receiver_peers import CFG, CODEC, IDS, LAYOUT, PAGE, SRC_SEED, RawPeer, assert_serving, buffer0, payload
 

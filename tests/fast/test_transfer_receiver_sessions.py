@@ -13,7 +13,7 @@ from prfaas_sgl.transfer.layout import page_regions
 from prfaas_sgl.transfer.messages import Failed
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
-from prfaas_sgl.transfer.testing import Remote, fill_random, read_regions
+from tests.support.transport import Remote, fill_random, read_regions
 
 from .receiver_peers import CFG, IDS, LAYOUT, PAGE, SRC_SEED, RawPeer, assert_serving, buffer0, payload
 

@@ -21,7 +21,7 @@ from prfaas_sgl.transfer.receiver import ZmqReceiver
 from prfaas_sgl.transfer.security import generate_keys
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
-from prfaas_sgl.transfer.testing import fill_random, read_regions, small_layout
+from tests.support.transport import fill_random, read_regions, small_layout
 
 LAYOUT = small_layout()  # 4 KV buffers of 64 pages × 4 KiB
 # one chunk per page and buffer: 10 pages = 40 chunks

@@ -11,7 +11,7 @@ from prfaas_sgl.transfer.config import TransferConfig
 from prfaas_sgl.transfer.layout import page_regions, tail_regions
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
-from prfaas_sgl.transfer.testing import Remote, fill_random, read_regions, small_layout
+from tests.support.transport import Remote, fill_random, read_regions, small_layout
 
 LAYOUT = small_layout()
 CFG = TransferConfig(connections=2, chunk_bytes=8192, window_bytes=65536, timeout_s=10)

@@ -1,4 +1,4 @@
-"""A scripted, in-process OpenAI-compatible server with known latencies, for tests and dry runs.
+"""A scripted, in-process OpenAI-compatible server with known latencies, for the load generator's tests.
 
 Per request, with ``w`` = whitespace-separated words in the prompt (= target tokens in the load
 generator's approximate mode):
@@ -7,8 +7,8 @@ generator's approximate mode):
     chunk = one token per chunk, token i at arrival + TTFT + i * itl_s   (so TPOT = ITL = itl_s)
     route = "prfaas" if w > route_threshold else "local"  (header only when route_threshold > 0)
 
-``/metrics`` uses the router's Prometheus names (see prom.py): the per-route decision counter, and the
-optional link byte counter (``link_bytes_per_token`` per prompt word of each remote request) and capacity.
+``/metrics`` uses the router's Prometheus names (router/names.py): the per-route decision counter, and the
+link byte counter (``link_bytes_per_token`` per prompt word of each remote request) and capacity.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from prfaas_sgl.loadgen.client import ROUTE_HEADER
+from prfaas_sgl.router import names
+from prfaas_sgl.router.names import ROUTE_HEADER
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +79,12 @@ class StandInServer:
         return web.json_response({"object": "list", "data": [{"id": self.script.model, "object": "model"}]})
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        p = "prfaas_router_"
-        lines = [f"# TYPE {p}decisions counter"]
-        lines += [f'{p}decisions_total{{route="{r}",reason="standin"}} {n}' for r, n in sorted(self.routes.items())]
-        lines += [f"# TYPE {p}link_bytes counter", f"{p}link_bytes_total {self.link_bytes}",
-                  f"# TYPE {p}link_capacity_bps gauge", f"{p}link_capacity_bps {self.script.link_capacity_bps}"]
+        decisions, link_bytes = names.DECISIONS.removesuffix("_total"), names.LINK_BYTES_TOTAL.removesuffix("_total")
+        lines = [f"# TYPE {decisions} counter"]
+        lines += [f'{names.DECISIONS}{{route="{r}",reason="standin"}} {n}' for r, n in sorted(self.routes.items())]
+        lines += [f"# TYPE {link_bytes} counter", f"{names.LINK_BYTES_TOTAL} {self.link_bytes}",
+                  f"# TYPE {names.LINK_CAPACITY_BPS} gauge",
+                  f"{names.LINK_CAPACITY_BPS} {self.script.link_capacity_bps}"]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
