@@ -22,6 +22,8 @@ import aiohttp
 import zmq.asyncio
 from aiohttp import web
 
+from prfaas_sgl.cachepool.hashing import block_hashes
+
 from .cluster import Cluster, check_health, health_loop, poll_loads
 from .config import RouterConfig
 from .controller_glue import build_controller
@@ -29,7 +31,7 @@ from .forward import AttemptFailed, Forwarder, LinkShare
 from .kv_events import KVEventSubscriber
 from .metrics import RouterMetrics
 from .policy import Decision, NoInstanceError
-from .prefix_index import ExactIndex, block_hashes
+from .prefix_index import ExactIndex
 from .requests import ApiError, Limits, ParsedRequest, decode_json, parse_raw, read_body
 from .routing import RoutingCore
 from .tokenize import PromptTokenizer

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .planner.lengths import Empirical
+from prfaas_sgl.workload.lengths import Empirical
 from .planner.model import System
 from .planner.optimize import best_split, best_threshold
 

@@ -6,8 +6,11 @@ prefixes::
     tokens   |---- b0 ----|---- b1 ----|---- b2 ----|-- tail (< B, never cached) --|
     hashes   h0 = H(seed, b0)  h1 = H(h0, b1)  h2 = H(h1, b2)
 
+The hash is ``cachepool.hashing.block_hashes`` (one definition for the cache pool and the router).
+
 Two sources fill an index:
-- ``ApproxIndex``: what this router routed there; LRU over a modelled capacity (tokens).
+- ``ApproxIndex``: what this router routed there; LRU over a modelled capacity (blocks). The simulator
+  models every instance's prefix cache with it too, so it routes on the cache the router assumes.
 - ``ExactIndex``: the server's own KV events (BlockStored / BlockRemoved / AllBlocksCleared). Events carry
   token ids, so we rehash them with our hash and keep a map server hash -> our hash for removals.
 """
@@ -17,25 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Protocol, Sequence
 
-import numpy as np
-import xxhash
-
-ROOT_SEED = 0x9E3779B97F4A7C15  # any fixed 64-bit value; the chain seed of block 0
-
-
-def block_hashes(tokens: Sequence[int], block_size: int, parent: int = ROOT_SEED) -> list[int]:
-    """Chained xxh3-64 hashes of every FULL block of ``tokens`` (len = len(tokens) // block_size)."""
-    n = len(tokens) // block_size
-    if n == 0:
-        return []
-    raw = np.asarray(tokens[: n * block_size], dtype=np.uint32).tobytes()
-    step = block_size * 4
-    out, h = [], parent
-    for i in range(n):
-        h = xxhash.xxh3_64_intdigest(raw[i * step:(i + 1) * step], seed=h)
-        out.append(h)
-    return out
-
+from prfaas_sgl.cachepool.hashing import block_hashes
 
 class PrefixIndex(Protocol):
     def match(self, hashes: Sequence[int]) -> int:
@@ -65,6 +50,8 @@ class ApproxIndex:
         return n
 
     def insert(self, hashes: Sequence[int]) -> None:
+        if self.capacity <= 0:
+            return
         lru = self.lru
         for h in reversed(hashes):
             lru[h] = None
@@ -107,13 +94,12 @@ class ExactIndex:
             self.mismatched += 1
             return
         if parent is None:
-            our_parent = ROOT_SEED
+            ours = block_hashes(token_ids, block_size)
         elif parent in self.ours:
-            our_parent = self.ours[parent][0]
+            ours = block_hashes(token_ids, block_size, self.ours[parent][0])
         else:
             self.orphans += 1
             return
-        ours = block_hashes(token_ids, block_size, our_parent)
         # A trailing partial page has a server hash but no full block of ours: zip stops before it.
         for sh, oh in zip(server_hashes, ours):
             entry = self.ours.setdefault(sh, (oh, set()))

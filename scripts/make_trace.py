@@ -10,16 +10,16 @@ as shared leading hash ids. Example (paper lengths, Poisson 2 req/s, 4 turns, 4 
 import argparse
 import sys
 
-from prfaas_sgl.loadgen.arrivals import ARRIVAL_KINDS, ArrivalSpec
-from prfaas_sgl.loadgen.trace import write_trace
 from prfaas_sgl.loadgen.workload import SyntheticSpec, synthesize, to_trace
+from prfaas_sgl.workload.arrivals import ARRIVAL_KINDS, ArrivalSpec
+from prfaas_sgl.workload.traces import write_trace
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="output .jsonl path")
     p.add_argument("--num-sessions", type=int, default=100)
-    p.add_argument("--input-len", default="paper", help="length spec, see prfaas_sgl/loadgen/lengths.py")
+    p.add_argument("--input-len", default="paper", help="length spec, see prfaas_sgl/workload/lengths.py")
     p.add_argument("--output-len", default="fixed:1024")
     p.add_argument("--scale", type=float, default=1.0, help="multiply lengths and the block size")
     p.add_argument("--turns", type=int, default=1)

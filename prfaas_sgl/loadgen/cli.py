@@ -19,8 +19,8 @@ from prfaas_sgl.loadgen.prom import MetricsSampler
 from prfaas_sgl.loadgen.prompts import PromptBuilder, resolve_tokenizer
 from prfaas_sgl.loadgen.report import build_results, format_table, write_json
 from prfaas_sgl.loadgen.runner import Runner
-from prfaas_sgl.loadgen.trace import read_trace
 from prfaas_sgl.loadgen.workload import Workload, from_trace, synthesize
+from prfaas_sgl.workload.traces import read_trace
 
 DESCRIPTION = "Load-test an OpenAI-compatible endpoint (router or plain SGLang server)."
 

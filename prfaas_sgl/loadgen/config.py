@@ -11,11 +11,11 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 
-from prfaas_sgl.loadgen.arrivals import ArrivalSpec
 from prfaas_sgl.loadgen.client import APIS, ROUTE_HEADER, ClientSpec
 from prfaas_sgl.loadgen.runner import RunSpec
 from prfaas_sgl.loadgen.stats import Slo
 from prfaas_sgl.loadgen.workload import SyntheticSpec
+from prfaas_sgl.workload.arrivals import ArrivalSpec
 
 
 def _f(default, help: str, choices: tuple | None = None):

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prfaas_sgl.loadgen.arrivals import ArrivalSpec
-from prfaas_sgl.loadgen.lengths import parse_length_dist
-from prfaas_sgl.loadgen.trace import TraceRecord
+from prfaas_sgl.workload.arrivals import ArrivalSpec
+from prfaas_sgl.workload.lengths import parse_length_dist, scaled
+from prfaas_sgl.workload.traces import TraceRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +94,9 @@ def synthesize(spec: SyntheticSpec, arrival: ArrivalSpec | None, seed: int) -> W
     starts = arrival.times(arr_rng, n) if arrival else np.zeros(n)
     bs = scaled_block_size(spec.block_size, spec.scale)
     cap = max(1, round(spec.max_context * spec.scale))
-    first = parse_length_dist(spec.input_dist).sample(len_rng, n, spec.scale)
-    outs = parse_length_dist(spec.output_dist).sample(len_rng, n * spec.turns, spec.scale)
-    follow = parse_length_dist(spec.followup_dist).sample(len_rng, n * spec.turns, spec.scale)
+    first = scaled(parse_length_dist(spec.input_dist).sample(len_rng, n), spec.scale)
+    outs = scaled(parse_length_dist(spec.output_dist).sample(len_rng, n * spec.turns), spec.scale)
+    follow = scaled(parse_length_dist(spec.followup_dist).sample(len_rng, n * spec.turns), spec.scale)
     next_id = itertools.count()
     prefix_blocks = math.ceil(round(spec.shared_prefix_len * spec.scale) / bs) if spec.shared_prefix_len else 0
     groups = [tuple(next(next_id) for _ in range(prefix_blocks)) for _ in range(spec.prefix_groups)]

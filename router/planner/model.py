@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from prfaas_sgl.workload.lengths import Split, SplitDist, weighted_quantile
+
 from .curves import Curve, ProfileError
-from .lengths import LengthDist, Split, weighted_quantile
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,7 @@ class System:
     n_remote: int
     link_Bps: float  # inter-datacenter bytes/s available to KV
     output_tokens: float
-    dist: LengthDist
+    dist: SplitDist
 
 
 @dataclass(frozen=True, slots=True)

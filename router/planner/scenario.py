@@ -23,8 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from prfaas_sgl.workload.lengths import Empirical, SplitDist, TruncLogNormal
+from prfaas_sgl.workload.traces import TraceError, TraceRecord, read_trace
+
 from .curves import Curve, ProfileError
-from .lengths import Empirical, LengthDist, TruncLogNormal
 from .model import Hardware, System
 
 MIB = 1024 * 1024
@@ -99,24 +101,38 @@ def load_kv(model: dict, hw: dict[str, Hardware], lo: float, hi: float) -> Curve
     return kv
 
 
-def load_lengths(wl: dict, base: Path) -> LengthDist:
+def load_lengths(wl: dict, base: Path) -> SplitDist:
     inp = section(wl, "input", "workload")
     kind, where = inp.get("kind"), "workload.input"
-    if kind == "lognormal":
-        return TruncLogNormal(num(inp, "mu", where), num(inp, "sigma", where, lo=0),
-                              num(inp, "min", where, lo=0), num(inp, "max", where, lo=0))
-    if kind == "samples":
-        return Empirical.from_samples(nums(inp, "samples", where))
-    if kind == "histogram":
-        return Empirical.from_histogram(nums(inp, "edges", where), nums(inp, "counts", where))
-    if kind == "trace":
-        from ..sim.workload import read_trace  # a trace's input lengths, same parser as the simulator
-        reqs = read_trace(base / str(inp.get("path", "")), limit=int(inp.get("limit", 10**9)))
-        return Empirical.from_samples([r.input_len for r in reqs])
+    try:
+        if kind == "lognormal":
+            return TruncLogNormal(num(inp, "mu", where), num(inp, "sigma", where, lo=0),
+                                  num(inp, "min", where, lo=0), num(inp, "max", where, lo=0))
+        if kind == "samples":
+            return Empirical.from_samples(nums(inp, "samples", where))
+        if kind == "histogram":
+            return Empirical.from_histogram(nums(inp, "edges", where), nums(inp, "counts", where))
+        if kind == "trace":
+            return Empirical.from_samples([r.input_length for r in _trace(base / str(inp.get("path", "")),
+                                                                          int(inp.get("limit", 10**9)))])
+    except ProfileError:
+        raise
+    except ValueError as e:  # the workload models' own checks; name the scenario table
+        raise ProfileError(f"{where}.{e}" if kind in ("samples", "histogram") else f"{where}: {e}") from e
     raise ProfileError(f"{where}.kind: expected lognormal | samples | histogram | trace, got {kind!r}")
 
 
-def with_prefix_hits(dist: LengthDist, hit_rate: float, cached_fraction: float) -> LengthDist:
+def _trace(path: Path, limit: int) -> list[TraceRecord]:
+    """A trace's records (the simulator reads the same files through the same parser)."""
+    if not path.is_file():
+        raise ProfileError(f"trace file {str(path)!r} not found")
+    try:
+        return read_trace(path, limit)
+    except TraceError as e:
+        raise ProfileError(str(e)) from e
+
+
+def with_prefix_hits(dist: SplitDist, hit_rate: float, cached_fraction: float) -> SplitDist:
     """Distribution of the *uncached* length when a fraction ``hit_rate`` of requests find
     ``cached_fraction`` of their prompt cached (the planner models hits where the request is computed)."""
     if hit_rate <= 0 or cached_fraction <= 0:
@@ -132,7 +148,7 @@ class Scenario:
     system: System  # the PrfaaS-PD deployment
     baseline: System  # homogeneous PD of (about) equal cost
     fixed_split: tuple[int, int] | None
-    raw_lengths: LengthDist  # before prefix hits (the simulator samples prompts from this)
+    raw_lengths: SplitDist  # before prefix hits (the simulator samples prompts from this)
     hit_rate: float
     cached_fraction: float
     sim: dict = field(default_factory=dict)  # raw [sim] table

@@ -24,8 +24,9 @@ from ..controller import ControllerConfig, LongTermController
 from ..planner.curves import ProfileError
 from ..planner.model import System
 from ..policy import InstanceView, LinkView, ModelCost, PolicyParams, RouteInput, make_policy
+from ..prefix_index import ApproxIndex
 from .config import SimConfig
-from .resources import BlockLRU, DecodeServer, PrefillServer, PSLink
+from .resources import DecodeServer, PrefillServer, PSLink
 from .switching import SplitMover, Switch
 from .workload import SimRequest
 
@@ -64,12 +65,13 @@ class Simulator:
             raise ProfileError(f"sim.prefill: expected 0 <= prefill < local.instances = {sys.n_local}, got {n_p}")
         self.sys, self.cfg, self.reqs = sys, cfg, requests
         cap = cfg.cache_blocks
-        remote = [PrefillServer(f"prfaas-{i}", "prfaas", sys.remote.prefill_s, BlockLRU(cap))
+        remote = [PrefillServer(f"prfaas-{i}", "prfaas", sys.remote.prefill_s, ApproxIndex(cap))
                   for i in range(sys.n_remote if sys.remote is not None else 0)]
-        local = [PrefillServer(f"pd-p-{i}", "local_prefill", sys.local.prefill_s, BlockLRU(cap)) for i in range(n_p)]
+        local = [PrefillServer(f"pd-p-{i}", "local_prefill", sys.local.prefill_s, ApproxIndex(cap))
+                 for i in range(n_p)]
         self.prefill = {s.name: s for s in remote + local}
         self.decode = {f"pd-d-{i}": DecodeServer(f"pd-d-{i}", sys.local.decode_max_batch, sys.local.decode_step_s,
-                                                 BlockLRU(cap)) for i in range(n_d)}
+                                                 ApproxIndex(cap)) for i in range(n_d)}
         params = PolicyParams(threshold=int(threshold), cache_rule=cfg.cache_rule, high_watermark=cfg.high_watermark,
                               low_watermark=cfg.low_watermark, budget_s=cfg.budget_s, hold_s=cfg.hold_s,
                               slack=cfg.slack, target_s=cfg.target_s, pace_max_s=cfg.pace_max_s,
@@ -121,7 +123,7 @@ class Simulator:
         return time.perf_counter() - wall
 
     # ------------------------------------------------------------ routing
-    def _cached(self, cache: BlockLRU, req: SimRequest) -> int:
+    def _cached(self, cache: ApproxIndex, req: SimRequest) -> int:
         if cache.capacity <= 0 or not req.hashes:
             return 0
         # at least one token is always computed (SGLang re-runs the last token to get logits)
@@ -281,6 +283,6 @@ class Simulator:
     def add_server(self, name: str, pool: str) -> None:
         cap, loc = self.cfg.cache_blocks, self.sys.local
         if pool == "local_prefill":
-            self.prefill[name] = PrefillServer(name, pool, loc.prefill_s, BlockLRU(cap))
+            self.prefill[name] = PrefillServer(name, pool, loc.prefill_s, ApproxIndex(cap))
         else:
-            self.decode[name] = DecodeServer(name, loc.decode_max_batch, loc.decode_step_s, BlockLRU(cap))
+            self.decode[name] = DecodeServer(name, loc.decode_max_batch, loc.decode_step_s, ApproxIndex(cap))

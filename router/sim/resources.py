@@ -1,4 +1,5 @@
-"""Simulated servers: prefix cache, FIFO prefill instance, processor-sharing link, batched decode.
+"""Simulated servers: FIFO prefill instance, processor-sharing link, batched decode; each instance's
+prefix cache is the router's own model of it (``router.prefix_index.ApproxIndex``, leaves evicted first).
 
 The link and decode use a virtual-time trick: every active flow (batch member) advances by the same
 amount V per second (link: bytes, decode: tokens), so a member finishes when V reaches its start V plus
@@ -8,38 +9,12 @@ its size; a change of rate or membership only re-scales dV/dt. Each event is O(l
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 
 from ..planner.curves import Curve
+from ..prefix_index import ApproxIndex
 from .workload import SimRequest
-
-
-class BlockLRU:
-    """Capacity-limited LRU over block hashes (one per instance)."""
-
-    def __init__(self, capacity_blocks: int) -> None:
-        self.capacity = capacity_blocks
-        self.blocks: OrderedDict[int, None] = OrderedDict()
-
-    def match(self, hashes: tuple[int, ...]) -> int:
-        """Number of leading blocks present (no LRU update)."""
-        n = 0
-        for h in hashes:
-            if h not in self.blocks:
-                break
-            n += 1
-        return n
-
-    def insert(self, hashes: tuple[int, ...]) -> None:
-        """Insert/refresh every block; evicts least recently used blocks beyond capacity."""
-        if self.capacity <= 0:
-            return
-        for h in hashes:
-            self.blocks[h] = None
-            self.blocks.move_to_end(h)
-        while len(self.blocks) > self.capacity:
-            self.blocks.popitem(last=False)
 
 
 @dataclass(slots=True)
@@ -49,7 +24,7 @@ class PrefillServer:
     name: str
     pool: str  # "prfaas" | "local_prefill"
     prefill_s: Curve
-    cache: BlockLRU
+    cache: ApproxIndex
     queue: deque = field(default_factory=deque)
     current: SimRequest | None = None
     queued_tokens: int = 0
@@ -133,7 +108,7 @@ class PSLink:
 class DecodeServer:
     """Continuous batching up to ``max_batch``; every member advances one token per step(batch) seconds."""
 
-    def __init__(self, name: str, max_batch: int, step_s: Curve, cache: BlockLRU) -> None:
+    def __init__(self, name: str, max_batch: int, step_s: Curve, cache: ApproxIndex) -> None:
         self.name, self.max_batch, self.step_s, self.cache = name, max_batch, step_s, cache
         self.v = 0.0  # tokens decoded by every active member so far (virtual)
         self.last = 0.0

@@ -1,20 +1,20 @@
-"""Simulated requests and their arrival processes: Poisson, on-off (2-state MMPP), Mooncake-style trace.
-
-Trace format (JSONL, one request per line): ``{"timestamp": ms, "input_length": int, "output_length": int,
-"hash_ids": [int, ...]}``; hash_ids are block hashes, so requests sharing leading ids share a prefix.
+"""Simulated requests from the shared workload models (``prfaas_sgl.workload``): Poisson, on-off
+(2-state MMPP) or phased arrivals with synthetic prefix sharing, or a Mooncake-style trace, whose
+hash_ids are block hashes, so requests sharing leading ids share a prefix.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from prfaas_sgl.workload import arrivals, traces
+from prfaas_sgl.workload.lengths import LengthDist
+
 from ..planner.curves import ProfileError
-from ..planner.lengths import LengthDist
 
 NAN = math.nan
 
@@ -71,15 +71,8 @@ class ArrivalConfig:
 def arrival_times(cfg: ArrivalConfig, duration_s: float, rng: np.random.Generator) -> np.ndarray:
     """Sorted arrival times in [0, duration_s) for the synthetic kinds."""
     if cfg.kind == "poisson":
-        n = rng.poisson(cfg.rate * duration_s)
-        return np.sort(rng.uniform(0.0, duration_s, n))
-    out, t, on = [], 0.0, True
-    while t < duration_s:  # alternate exponential on/off periods; Poisson within each
-        span = min(rng.exponential(cfg.mean_on_s if on else cfg.mean_off_s), duration_s - t)
-        rate = cfg.rate_on if on else cfg.rate_off
-        out.append(t + np.sort(rng.uniform(0.0, span, rng.poisson(rate * span))))
-        t, on = t + span, not on
-    return np.concatenate(out) if out else np.zeros(0)
+        return arrivals.poisson(rng, cfg.rate, until=duration_s)
+    return arrivals.onoff(rng, cfg.rate_on, cfg.rate_off, cfg.mean_on_s, cfg.mean_off_s, until=duration_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +93,7 @@ def synthetic(cfg: ArrivalConfig, pfx: PrefixConfig, lengths: LengthDist, output
     shift: short-heavy, then long-heavy hours)."""
     rng = np.random.default_rng(seed)
     if phases:
-        times, scale = phased_times(phases, duration_s, rng)
+        times, scale = arrivals.phased(rng, phases, duration_s)
     else:
         times = arrival_times(cfg, duration_s, rng)
         scale = np.ones(times.size)
@@ -118,54 +111,15 @@ def synthetic(cfg: ArrivalConfig, pfx: PrefixConfig, lengths: LengthDist, output
     return reqs
 
 
-def phased_times(phases: tuple[tuple[float, float, float], ...], duration_s: float,
-                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(sorted arrival times in [0, duration_s), each one's length scale) of piecewise Poisson phases."""
-    times, scales = [], []
-    for i, (start, rate, scale) in enumerate(phases):
-        end = min(phases[i + 1][0] if i + 1 < len(phases) else duration_s, duration_s)
-        if end <= start:
-            continue
-        t = np.sort(rng.uniform(start, end, rng.poisson(rate * (end - start))))
-        times.append(t)
-        scales.append(np.full(t.size, scale))
-    if not times:
-        return np.zeros(0), np.zeros(0)
-    return np.concatenate(times), np.concatenate(scales)
-
-
-def _field(obj: dict, key: str, lineno: int, path: Path) -> int:
-    v = obj.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-        raise ProfileError(f"{path}:{lineno}: field {key!r} must be a number >= 0, got {v!r}")
-    return int(v)
-
-
 def read_trace(path: Path, limit: int = 10**9, time_scale: float = 1.0) -> list[SimRequest]:
-    """Parse a Mooncake-style JSONL trace; a bad line raises ProfileError with its line number."""
+    """A Mooncake-style JSONL trace (``prfaas_sgl.workload.traces``) as requests, timestamps (ms) times
+    ``time_scale``; a bad line raises ProfileError with its line number."""
     path = Path(path)
     if not path.is_file():
         raise ProfileError(f"trace file {str(path)!r} not found")
-    reqs: list[SimRequest] = []
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if len(reqs) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ProfileError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
-            if not isinstance(obj, dict):
-                raise ProfileError(f"{path}:{lineno}: expected a JSON object")
-            hashes = obj.get("hash_ids", [])
-            if not isinstance(hashes, list) or not all(isinstance(h, int) for h in hashes):
-                raise ProfileError(f"{path}:{lineno}: field 'hash_ids' must be a list of integers")
-            ts = _field(obj, "timestamp", lineno, path) / 1000.0 * time_scale
-            reqs.append(SimRequest(len(reqs), ts, max(1, _field(obj, "input_length", lineno, path)),
-                                   max(1, _field(obj, "output_length", lineno, path)), tuple(hashes)))
-    reqs.sort(key=lambda r: r.arrival)
-    for i, r in enumerate(reqs):
-        r.rid = i
-    return reqs
+    try:
+        records = traces.read_trace(path, limit)
+    except traces.TraceError as e:
+        raise ProfileError(str(e)) from e
+    return [SimRequest(i, r.timestamp_ms / 1000.0 * time_scale, r.input_length, r.output_length, r.hash_ids)
+            for i, r in enumerate(records)]

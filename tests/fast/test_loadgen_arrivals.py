@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from prfaas_sgl.loadgen.arrivals import ArrivalSpec
+from prfaas_sgl.workload.arrivals import ArrivalSpec
 
 
 def test_uniform_is_evenly_spaced():

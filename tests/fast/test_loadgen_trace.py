@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from prfaas_sgl.loadgen.trace import TraceError, TraceRecord, read_trace, write_trace
 from prfaas_sgl.loadgen.workload import from_trace
+from prfaas_sgl.workload.traces import TraceError, TraceRecord, read_trace, write_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = [

@@ -6,21 +6,21 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from prfaas_sgl.loadgen.arrivals import ArrivalSpec
-from prfaas_sgl.loadgen.lengths import Fixed, TruncLogNormal, Uniform, parse_length_dist
 from prfaas_sgl.loadgen.prompts import PromptBuilder
 from prfaas_sgl.loadgen.workload import SyntheticSpec, synthesize
+from prfaas_sgl.workload.arrivals import ArrivalSpec
+from prfaas_sgl.workload.lengths import Fixed, TruncLogNormal, Uniform, parse_length_dist, scaled
 
 
 def test_paper_lognormal_mean_and_bounds():
     d = parse_length_dist("paper")
     assert d == TruncLogNormal(9.9, 1.0, 128, 131072)
     # paper-notes §3: mean ~27.5K tokens
-    assert d.mean() == pytest.approx(27.5e3, rel=0.01)
+    assert d.mean == pytest.approx(27.5e3, rel=0.01)
     x = d.sample(np.random.default_rng(0), 40_000)
     assert x.min() >= 128 and x.max() <= 131072
     # std of the truncated law is ~24K; 40K samples -> standard error ~120 tokens
-    assert x.mean() == pytest.approx(d.mean(), abs=600)
+    assert x.mean() == pytest.approx(d.mean, abs=600)
     # median of the truncated law: the midpoint of the kept CDF mass (upper cut moves it below e^mu)
     nd = NormalDist()
     pa, pb = nd.cdf((math.log(128) - 9.9) / 1.0), nd.cdf((math.log(131072) - 9.9) / 1.0)
@@ -29,9 +29,9 @@ def test_paper_lognormal_mean_and_bounds():
 
 def test_scale_shrinks_lengths_and_keeps_at_least_one_token():
     d = parse_length_dist("paper")
-    x = d.sample(np.random.default_rng(1), 5000, scale=1 / 64)
+    x = scaled(d.sample(np.random.default_rng(1), 5000), 1 / 64)
     assert x.min() >= 2 and x.max() <= 2048
-    assert Fixed(10).sample(np.random.default_rng(0), 3, scale=0.01).tolist() == [1, 1, 1]
+    assert scaled(Fixed(10).sample(np.random.default_rng(0), 3), 0.01).tolist() == [1, 1, 1]
     u = Uniform(5, 7).sample(np.random.default_rng(0), 1000)
     assert set(u.tolist()) == {5, 6, 7}
 

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from prfaas_sgl.cli import main
-from prfaas_sgl.router.planner import Curve, Empirical, TruncLogNormal, best_threshold, load_scenario, stages
+from prfaas_sgl.router.planner import Curve, best_threshold, load_scenario, stages
 from prfaas_sgl.router.planner.report import plan_doc
 from prfaas_sgl.router.planner.scenario import with_prefix_hits
+from prfaas_sgl.workload.lengths import Empirical, TruncLogNormal
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE = ROOT / "scenarios" / "paper_case_study.toml"

@@ -11,7 +11,8 @@ import zmq
 import zmq.asyncio
 
 from prfaas_sgl.router.kv_events import DECODER, KVEventSubscriber, apply_batch
-from prfaas_sgl.router.prefix_index import ROOT_SEED, ApproxIndex, ExactIndex, block_hashes
+from prfaas_sgl.cachepool.hashing import block_hashes
+from prfaas_sgl.router.prefix_index import ApproxIndex, ExactIndex
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -27,11 +28,12 @@ SGLANG_BATCH = bytes.fromhex(
 
 
 def test_block_hashes_are_chained_xxh3_over_full_blocks():
+    """The router hashes with the cache pool's function (chain seed 0), so both sides name a block alike."""
     toks = list(range(10))
     h = block_hashes(toks, 4)
     assert len(h) == 2  # tokens 8..9 form a partial block: never hashed
     raw = lambda xs: b"".join(x.to_bytes(4, "little") for x in xs)  # noqa: E731
-    h0 = xxhash.xxh3_64_intdigest(raw(range(4)), seed=ROOT_SEED)
+    h0 = xxhash.xxh3_64_intdigest(raw(range(4)), seed=0)
     assert h == [h0, xxhash.xxh3_64_intdigest(raw(range(4, 8)), seed=h0)]
     # Same second block after a different first block: different hash (chaining).
     assert block_hashes([9, 9, 9, 9, 4, 5, 6, 7], 4)[1] != h[1]

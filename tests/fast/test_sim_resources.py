@@ -1,11 +1,12 @@
-"""Simulator building blocks: LRU cache, processor-sharing link, batched decode, trace parsing."""
+"""Simulator building blocks: prefix cache, processor-sharing link, batched decode, trace parsing."""
 
 import json
 
 import pytest
 
 from prfaas_sgl.router.planner import Curve, ProfileError
-from prfaas_sgl.router.sim.resources import BlockLRU, DecodeServer, PSLink
+from prfaas_sgl.router.prefix_index import ApproxIndex
+from prfaas_sgl.router.sim.resources import DecodeServer, PSLink
 from prfaas_sgl.router.sim.workload import SimRequest, read_trace
 
 
@@ -13,13 +14,17 @@ def req(rid, out=10):
     return SimRequest(rid, 0.0, 100, out, ())
 
 
-def test_lru_prefix_match_and_eviction():
-    c = BlockLRU(3)
+def test_prefix_cache_evicts_leaves_first_like_the_router():
+    """The simulator's caches are the router's ApproxIndex. Pins the drift it replaced: the old BlockLRU
+    touched parents first, so it evicted from the middle of a chain (here 2), stranding 3 behind it."""
+    c = ApproxIndex(3)
     c.insert((1, 2, 3))
     assert c.match((1, 2, 9)) == 2
-    c.insert((1, 4))  # 2 is now least recently used
-    assert list(c.blocks) == [3, 1, 4] and c.match((1, 2)) == 1
-    assert BlockLRU(0).match((1,)) == 0
+    c.insert((1, 4))  # one block must go: the oldest leaf (3), never the shared root 1
+    assert list(c.lru) == [2, 4, 1] and c.match((1, 2, 3)) == 2 and c.match((1, 4)) == 2
+    zero = ApproxIndex(0)
+    zero.insert((1,))
+    assert zero.match((1,)) == 0 and len(zero) == 0
 
 
 def test_ps_link_shares_and_reacts_to_rate_change():
@@ -36,7 +41,7 @@ def test_ps_link_shares_and_reacts_to_rate_change():
 
 
 def test_decode_batches_and_queues():
-    d = DecodeServer("d", max_batch=2, step_s=Curve((1, 2), (0.01, 0.02)), cache=BlockLRU(0))
+    d = DecodeServer("d", max_batch=2, step_s=Curve((1, 2), (0.01, 0.02)), cache=ApproxIndex(0))
     r = [req(i, out=10) for i in range(3)]
     for x in r:
         d.arrive(x, 0.0)
@@ -58,5 +63,5 @@ def test_trace_parsing_and_line_numbers(tmp_path):
     with pytest.raises(ProfileError, match=r"t.jsonl:2: not valid JSON"):
         read_trace(p)
     p.write_text(json.dumps(rows[0]) + "\n" + json.dumps({**rows[1], "input_length": -3}) + "\n")
-    with pytest.raises(ProfileError, match=r"t.jsonl:2: field 'input_length' must be a number >= 0"):
+    with pytest.raises(ProfileError, match=r"t.jsonl:2: input_length must be an integer >= 1"):
         read_trace(p)

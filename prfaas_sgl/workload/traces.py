@@ -1,4 +1,5 @@
-"""Mooncake-style trace files: JSON Lines, one request per line.
+"""Mooncake-style trace files: JSON Lines, one request per line (the load generator replays them, the
+simulator and the planner read them).
 
     {"timestamp": 0, "input_length": 6955, "output_length": 52, "hash_ids": [46, 47, 48, ...]}
 
@@ -76,11 +77,14 @@ def parse_line(text: str) -> TraceRecord:
                        tuple(ids))
 
 
-def read_trace(path: str | Path) -> list[TraceRecord]:
-    """All records of a trace file, sorted by timestamp (stable, so equal timestamps keep file order)."""
+def read_trace(path: str | Path, limit: int | None = None) -> list[TraceRecord]:
+    """The first ``limit`` records (all if None) of a trace file, sorted by timestamp (stable, so equal
+    timestamps keep file order)."""
     records: list[TraceRecord] = []
     with open(path, encoding="utf-8") as f:
         for lineno, text in enumerate(f, start=1):
+            if limit is not None and len(records) >= limit:
+                break
             if not text.strip():
                 continue
             try:
