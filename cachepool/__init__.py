@@ -3,11 +3,12 @@
 Tensors live in `storage.BlockStorage` (imports torch lazily); everything else is plain Python.
 """
 from .allocation import NULL_BLOCK, Allocation, PagedAllocation, PoolUsage, StateAllocation
-from .config import GroupSpec, PoolConfig, PoolExhaustedError, PoolLayoutError, RequestTooLongError
+from .config import PoolConfig
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from .hashing import block_hashes
 from .managers import REGISTRY, manager_class
 from .pool import HybridCachePool
+from .specs import GroupSpec, PoolExhaustedError, PoolLayoutError, RequestTooLongError
 
 __all__ = [
     "NULL_BLOCK", "Allocation", "PagedAllocation", "PoolUsage", "StateAllocation", "GroupSpec",

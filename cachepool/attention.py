@@ -4,8 +4,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from .allocation import NULL_BLOCK, PagedAllocation
-from .config import GroupSpec, PoolConfig, PoolLayoutError
 from .manager_base import GroupManager
+from .specs import GroupSpec, PoolLayoutError, PoolShape
 
 
 class PagedState:
@@ -31,7 +31,7 @@ class FullAttentionManager(GroupManager):
         return block_size * spec.kv_bytes_per_token * spec.num_layers
 
     @classmethod
-    def validate(cls, spec: GroupSpec, cfg: PoolConfig) -> None:
+    def validate(cls, spec: GroupSpec, cfg: PoolShape) -> None:
         if spec.kv_bytes_per_token <= 0:
             raise PoolLayoutError(f"group {spec.name!r} ({spec.kind}): set kv_bytes_per_token > 0")
 
@@ -127,7 +127,7 @@ class SlidingWindowManager(FullAttentionManager):
         self.window_blocks = -(-(self.spec.window - 1) // self.block_size)
 
     @classmethod
-    def validate(cls, spec: GroupSpec, cfg: PoolConfig) -> None:
+    def validate(cls, spec: GroupSpec, cfg: PoolShape) -> None:
         super().validate(spec, cfg)
         if spec.window < 1:
             raise PoolLayoutError(f"group {spec.name!r} (swa): window={spec.window}; set it >= 1")

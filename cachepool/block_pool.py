@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import Optional, Protocol
 
-from .config import PoolExhaustedError
+from .specs import PoolExhaustedError
 
 
 class EntryOwner(Protocol):

@@ -8,42 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-class PoolLayoutError(ValueError):
-    """The layer layout cannot be laid onto one pool of equal blocks (raised at start-up)."""
-
-
-class RequestTooLongError(ValueError):
-    """The request needs more blocks than the whole pool has, even with nothing else cached."""
-
-
-class PoolExhaustedError(RuntimeError):
-    """Not enough free or evictable blocks right now; the caller should retry after frees."""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSpec:
-    """One group of layers of the same attention type.
-
-    kind: registry key of the manager ("full", "swa", "linear").
-    kv_bytes_per_token: K+V bytes of one token in ONE layer (attention kinds).
-    state_bytes: recurrent + conv state bytes of ONE layer for one sequence (linear kind).
-    window: sliding-window length in tokens, the current token included (swa kind).
-    checkpoint_interval: tokens between cached linear-state checkpoints (linear kind); a multiple
-        of the pool's block_size, because a state is only reusable at a block boundary.
-    """
-
-    name: str
-    kind: str
-    num_layers: int
-    kv_bytes_per_token: int = 0
-    state_bytes: int = 0
-    window: int = 0
-    checkpoint_interval: int = 0
-
-    def __post_init__(self) -> None:
-        if self.num_layers < 1:
-            raise PoolLayoutError(f"group {self.name!r}: num_layers={self.num_layers}; set it >= 1")
+# config -> managers -> specs, one way: the managers validate their own groups' layout, and read the
+# config through specs.PoolShape rather than importing this module.
+from .managers import manager_class
+from .specs import GroupSpec, PoolLayoutError
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +28,6 @@ class PoolConfig:
     block_bytes: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
-        from .managers import manager_class  # managers import config; resolve at call time
-
         if self.num_blocks < 1 or self.block_size < 1:
             raise PoolLayoutError(
                 f"num_blocks={self.num_blocks}, block_size={self.block_size}: both must be >= 1")

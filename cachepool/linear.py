@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from .allocation import StateAllocation
-from .config import GroupSpec, PoolConfig, PoolLayoutError
 from .manager_base import GroupManager
+from .specs import GroupSpec, PoolLayoutError, PoolShape
 
 
 class LinearRequestState:
@@ -27,7 +27,7 @@ class LinearRequestState:
 class LinearStateManager(GroupManager):
     kind = "linear"
 
-    def __init__(self, spec: GroupSpec, cfg: PoolConfig, *args) -> None:
+    def __init__(self, spec: GroupSpec, cfg: PoolShape, *args) -> None:
         super().__init__(spec, cfg, *args)
         self.state_blocks = state_blocks(spec, cfg.block_bytes)
         self.interval_blocks = spec.checkpoint_interval // cfg.block_size
@@ -38,7 +38,7 @@ class LinearStateManager(GroupManager):
         return 0
 
     @classmethod
-    def validate(cls, spec: GroupSpec, cfg: PoolConfig) -> None:
+    def validate(cls, spec: GroupSpec, cfg: PoolShape) -> None:
         if spec.state_bytes <= 0:
             raise PoolLayoutError(f"group {spec.name!r} (linear): set state_bytes > 0")
         c, bs = spec.checkpoint_interval, cfg.block_size

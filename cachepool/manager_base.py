@@ -14,14 +14,14 @@ from typing import Any, ClassVar, Iterator
 
 from .allocation import GroupAllocation
 from .block_pool import BlockPool
-from .config import GroupSpec, PoolConfig
 from .events import EventLog
+from .specs import GroupSpec, PoolShape
 
 
 class GroupManager(ABC):
     kind: ClassVar[str]
 
-    def __init__(self, spec: GroupSpec, cfg: PoolConfig, pool: BlockPool, events: EventLog) -> None:
+    def __init__(self, spec: GroupSpec, cfg: PoolShape, pool: BlockPool, events: EventLog) -> None:
         self.spec = spec
         self.name = spec.name
         self.block_size = cfg.block_size
@@ -37,7 +37,7 @@ class GroupManager(ABC):
 
     @classmethod
     @abstractmethod
-    def validate(cls, spec: GroupSpec, cfg: PoolConfig) -> None:
+    def validate(cls, spec: GroupSpec, cfg: PoolShape) -> None:
         """Raise PoolLayoutError naming the sizes if this group cannot live in the pool."""
 
     @abstractmethod

@@ -4,7 +4,6 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from .attention import FullAttentionManager, SlidingWindowManager
-from .config import PoolLayoutError
 from .linear import LinearStateManager
 from .manager_base import GroupManager
 

@@ -15,11 +15,12 @@ from typing import Any, Optional
 
 from .allocation import Allocation, PoolUsage
 from .block_pool import BlockPool
-from .config import PoolConfig, PoolExhaustedError, RequestTooLongError
+from .config import PoolConfig
 from .events import AnyEvent, EventLog
 from .hashing import block_hashes, extend_hashes
 from .integrity import check_pool
 from .managers import manager_class
+from .specs import PoolExhaustedError, RequestTooLongError
 
 
 class _Request:

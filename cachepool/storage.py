@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from .allocation import StateAllocation
-from .config import GroupSpec, PoolConfig
+from .config import PoolConfig
 from .managers import manager_class
+from .specs import GroupSpec
 
 if TYPE_CHECKING:
     import torch

@@ -26,7 +26,7 @@ from typing import Any
 
 import zmq
 
-from prfaas_sgl.transfer import faults as F
+import prfaas_sgl.transfer.faults as F  # not `from ..transfer import`: the package lazily imports us
 from prfaas_sgl.transfer.buffers import register
 from prfaas_sgl.transfer.chunking import plan_chunks
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
