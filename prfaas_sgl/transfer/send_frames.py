@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import xxhash
 
-import prfaas_sgl.transfer.faults as F  # not `from ..transfer import`: the package lazily imports the sender, which imports us
+import prfaas_sgl.transfer.faults as F  # not `from ..transfer import`: the package imports the sender, it us
 from prfaas_sgl.transfer.chunking import ChunkPlan
 from prfaas_sgl.transfer.items import StagePlan
 from prfaas_sgl.transfer.messages import Chunk, Close, Codec, Message
