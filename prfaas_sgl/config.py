@@ -8,10 +8,15 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from prfaas_sgl.cliargs import add_fields, field_values
+from prfaas_sgl.transfer.config import TransferConfig
+
 ROLES = ("none", "remote", "local")
+# The data plane's own defaults (TransferConfig, declared once there) are the flags' defaults.
+_TRANSFER = {f.name: f.default for f in fields(TransferConfig)}
 
 
 def _opt(help: str, **kw) -> Any:
@@ -27,13 +32,16 @@ class PrfaasConfig:
         "or 'none'. Labels telemetry; the router decides routing.",
         default="none", meta={"choices": ROLES},
     )
-    zmq_connections: int = _opt("TCP connections per prefill->decode pair for prfaas_zmq.", default=4)
-    zmq_chunk_bytes: int = _opt("Bytes per striped chunk on the prfaas_zmq data plane.", default=1 << 20)
+    zmq_connections: int = _opt("TCP connections per prefill->decode pair for prfaas_zmq.",
+                                default=_TRANSFER["connections"])
+    zmq_chunk_bytes: int = _opt("Bytes per striped chunk on the prfaas_zmq data plane.",
+                                default=_TRANSFER["chunk_bytes"])
     zmq_window_bytes: int = _opt(
         "Max bytes in flight per transfer before the sender waits for acknowledgements (backpressure).",
-        default=128 << 20,  # from scripts/bench_transfer.py: 32 MiB left 5 Gbit/s links at 0.86-0.91
+        default=_TRANSFER["window_bytes"],
     )
-    zmq_timeout_s: float = _opt("A transfer that makes no progress for this long fails.", default=30.0)
+    zmq_timeout_s: float = _opt("A transfer that makes no progress for this long fails.",
+                                default=_TRANSFER["timeout_s"])
     zmq_curve_keys: str = _opt(
         "Directory made by `prfaas keys DIR` (CURVE key pairs, authorized keys, register.secret): encrypts "
         "and authenticates the KV data plane and authenticates decode registrations. Required when the "
@@ -111,18 +119,12 @@ def flag(name: str) -> str:
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    """Adds one `--prfaas-*` option per `PrfaasConfig` field (dest `prfaas_<field>`)."""
+    """Adds one `--prfaas-*` option per `PrfaasConfig` field (dest `prfaas_<field>`); a bool is a switch
+    (argparse's type=bool would read "False" as True)."""
     group = parser.add_argument_group("prfaas", "Prefill-as-a-Service (prfaas_sgl plugin)")
-    for f in fields(PrfaasConfig):
-        kw = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
-        if isinstance(f.default, bool):  # a switch: argparse's type=bool would read "False" as True
-            kw["action"] = "store_true"
-        else:
-            kw["type"] = type(f.default) if f.default is not MISSING else str
-        group.add_argument(flag(f.name), dest=f"prfaas_{f.name}", default=f.default, help=f.metadata["help"], **kw)
+    add_fields(group, PrfaasConfig, prefix="prfaas-", dest_prefix="prfaas_", switch="store_true")
 
 
 def from_namespace(ns: argparse.Namespace) -> PrfaasConfig:
     """Raises ValueError naming the flag when a value or combination is invalid."""
-    values = {f.name: getattr(ns, f"prfaas_{f.name}") for f in fields(PrfaasConfig) if hasattr(ns, f"prfaas_{f.name}")}
-    return PrfaasConfig(**values)
+    return PrfaasConfig(**field_values(ns, PrfaasConfig, dest_prefix="prfaas_"))

@@ -114,16 +114,6 @@ class Router:
                     await work
                 raise
 
-    def _link_share(self, d: Decision, prompt_len: int, hashes: list[int]) -> LinkShare:
-        """KV crossing the link (only what decode does not hold) and when it starts: after the PrfaaS queue."""
-        if d.route != "prfaas":
-            return LinkShare()
-        dec_cached = self.cluster.instances[d.decode].index.match(hashes) * self.cfg.block_size
-        pre = self.cluster.instances[d.prefill].view(0)  # this attempt is not counted there yet
-        a, b, _ = self.core.cost.remote_coef
-        wait_s = a * pre.inflight + b * pre.queued_tokens
-        return LinkShare(self.core.cost.kv_bytes(prompt_len - dec_cached), time.monotonic() + wait_s)
-
     async def generate(self, request: web.Request) -> web.StreamResponse:
         t0 = time.perf_counter()
         endpoint = request.match_info.route.resource.canonical
@@ -147,7 +137,7 @@ class Router:
     async def _serve(self, request: web.Request, req: ParsedRequest, hashes: list[int],
                      d: Decision, t0: float) -> web.StreamResponse:
         try:
-            return await self.forwarder.attempt(req, d, self._link_share(d, len(req.tokens), hashes), request, t0)
+            return await self.forwarder.attempt(req, d, self.core.link_share(d, len(req.tokens), hashes), request, t0)
         except AttemptFailed as e:
             log.warning("attempt via %s/%s failed (%s); retrying locally once", d.prefill, d.decode, e)
             self.metrics.retries.labels(d.reason).inc()
@@ -172,7 +162,7 @@ class Router:
         return web.json_response({"status": "ok" if ok else "no healthy prefill/decode"}, status=200 if ok else 503)
 
     async def metrics_page(self, request: web.Request) -> web.Response:
-        body = self.metrics.render(self.cluster, self.core.policy.threshold, self.cfg.link_budget_s)
+        body = self.metrics.render(self.cluster, self.core.policy.threshold, self.core.params.budget_s)
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     def _admin_refusal(self, request: web.Request) -> web.Response | None:

@@ -11,13 +11,17 @@ import dataclasses
 import ipaddress
 import json
 import os
+import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, Literal, get_args, get_origin
+
+from prfaas_sgl.cliargs import add_fields, dest_names
 
 from .kv_accounting import account_path
-from .policy import POLICIES
+from .policy import POLICIES, PolicyParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +79,8 @@ class RouterConfig:
     admin_token: str = _f("", f"bearer token for /admin/* (or env {ADMIN_TOKEN_ENV}); without one, /admin/* "
                           "answers only when --host is a loopback address", secret=True)
     policy: str = _f("bandwidth_aware", f"routing policy: {', '.join(POLICIES)}")
-    threshold: int = _f(8192, "incremental-length threshold t (tokens) above which prefill goes remote")
-    cache_rule: str = _f("scarce", "paper cache rule: scarce (per-cluster cache) or abundant (max of both)")
-    overload_tokens: int = _f(32768, "queued tokens beyond which cache affinity is ignored")
+    # The policy's tunables: one flag per PolicyParams field (--threshold, ..., --link-budget-s for budget_s).
+    policy_params: PolicyParams = field(default_factory=PolicyParams)
     decode_affinity_slack: int = _f(-1, "decode servers cache prefixes (prfaas_hybrid / SGLang decode radix "
                                     "cache): prefer the one holding the prompt's longest prefix unless it runs "
                                     "more than this many requests beyond the least-loaded decode; -1 = off")
@@ -92,12 +95,6 @@ class RouterConfig:
     link_gbps: float = _f(100.0, "inter-datacenter link capacity PrfaaS -> decode (Gbit/s)")
     transport_stats_url: str = _f(
         "", "remote prefills' prfaas_zmq stats endpoints (http://HOST:PORT/stats), comma-separated; summed as the link")
-    high_watermark: float = _f(0.9, "link pressure (backlog or queue delay / budget) marking the link congested")
-    low_watermark: float = _f(0.6, "link pressure below which it is not congested again")
-    link_budget_s: float = _f(1.0, "link pressure 1.0 = this many seconds of transfer backlog or queue delay")
-    hold_s: float = _f(1.0, "minimum seconds the link counts as congested once it was")
-    slack: float = _f(0.5, "bandwidth_aware: the other pool must be this fraction sooner to take a request")
-    target_s: float = _f(6.0, "bandwidth_aware: ... and have its KV ready within this many seconds")
     loads_interval_s: float = _f(0.5, "seconds between GET /v1/loads polls")
     health_interval_s: float = _f(2.0, "seconds between GET /health probes")
     health_timeout_s: float = _f(10.0, "a /health probe slower than this fails (SGLang answers in 1-2 s under load)")
@@ -134,30 +131,34 @@ class RouterConfig:
             raise ValueError(f"--tokenizer-path {self.tokenizer_path!r}: need a directory with tokenizer.json")
         if self.policy not in POLICIES:
             raise ValueError(f"--policy {self.policy!r}: choose one of {sorted(POLICIES)}")
-        if self.cache_rule not in ("scarce", "abundant"):
-            raise ValueError("--cache-rule must be scarce or abundant")
         if self.controller not in ("none", "planner"):
             raise ValueError("--controller must be none or planner")
         if self.controller == "planner" and not Path(self.controller_scenario).is_file():
             raise ValueError("--controller planner needs --controller-scenario PATH (a planner scenario TOML)")
-        for name in ("threshold", "overload_tokens", "slack", "hold_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
         for name in ("block_size", "context_length", "max_chars_per_token", "prefix_capacity_tokens", "kv_bytes_per_token",
                      "link_gbps", "loads_interval_s", "health_interval_s", "connect_timeout_s",
-                     "prefill_timeout_s", "request_timeout_s", "controller_interval_s", "link_budget_s",
-                     "target_s"):
+                     "prefill_timeout_s", "request_timeout_s", "controller_interval_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0")
         if self.max_body_bytes < 0:
             raise ValueError("--max-body-bytes must be >= 0 (0 = derived from --context-length)")
         if self.decode_affinity_slack < -1:
             raise ValueError("--decode-affinity-slack must be >= 0 requests, or -1 (off)")
-        if not 0 < self.low_watermark <= self.high_watermark:
-            raise ValueError("--low-watermark / --high-watermark: need 0 < low <= high")
         for name in ("local_prefill_coef", "remote_prefill_coef"):
             if len(getattr(self, name)) != 3:
                 raise ValueError(f"--{name.replace('_', '-')} takes three numbers a b c")
+
+    @classmethod
+    def from_flags(cls, **values: Any) -> "RouterConfig":
+        """A config from flat keys: the flags' names in snake_case, as a ``--config`` file and a deployment's
+        [router] table spell them. Policy keys go into ``policy_params``; errors name the flag to change."""
+        keys = _policy_keys()
+        policy = {name: values.pop(key) for name, key in keys.items() if key in values}
+        try:
+            params = PolicyParams(**policy)
+        except ValueError as e:
+            raise ValueError(_flag_words(str(e))) from None
+        return cls(**values, policy_params=params)
 
     @property
     def model_name(self) -> str:
@@ -186,28 +187,43 @@ def is_loopback(host: str) -> bool:
 # ---------------------------------------------------------------- argparse / file
 
 
+# PolicyParams fields whose router flag / --config key has another name (the flag predates the nesting).
+POLICY_KEYS = {"budget_s": "link_budget_s"}
+
+
+def _flag_kwargs(hint: Any) -> dict[str, Any] | None:
+    if get_origin(hint) is tuple and get_args(hint)[0] is InstanceSpec:
+        return {"action": "append", "type": InstanceSpec.parse}
+    if get_origin(hint) is tuple:
+        return {"nargs": 3, "type": float}
+    if get_origin(hint) is Literal:
+        return {"type": str}
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prfaas-router", description="PrfaaS router in front of SGLang servers")
     p.add_argument("--config", default=None, help="TOML or JSON file with the same keys as the flags (snake_case)")
-    hints = get_type_hints(RouterConfig)
-    for f in dataclasses.fields(RouterConfig):
-        flag, tp = "--" + f.name.replace("_", "-"), hints[f.name]
-        kw: dict[str, Any] = {"help": f.metadata["help"], "default": argparse.SUPPRESS}
-        if get_origin(tp) is tuple and get_args(tp)[0] is InstanceSpec:
-            kw.update(action="append", type=InstanceSpec.parse)
-        elif get_origin(tp) is tuple:
-            kw.update(nargs=3, type=float)
-        else:
-            kw["type"] = tp
-        p.add_argument(flag, **kw)
+    add_fields(p, RouterConfig, rename=POLICY_KEYS, default=argparse.SUPPRESS, by_type=_flag_kwargs)
     return p
+
+
+def _policy_keys() -> dict[str, str]:
+    """PolicyParams field -> its router flag's dest (= --config key)."""
+    return {f.name: POLICY_KEYS.get(f.name, f.name) for f in dataclasses.fields(PolicyParams)}
+
+
+def _flag_words(message: str) -> str:
+    """``message`` with PolicyParams field names spelled as the router flags that set them."""
+    for name, key in _policy_keys().items():
+        message = re.sub(rf"(?<![\w-]){name}(?!\w)", "--" + key.replace("_", "-"), message)
+    return message
 
 
 def load_file(path: str) -> dict[str, Any]:
     raw = Path(path).read_bytes()
     data = tomllib.loads(raw.decode()) if path.endswith(".toml") else json.loads(raw)
-    known = {f.name for f in dataclasses.fields(RouterConfig)}
-    unknown = set(data) - known
+    unknown = set(data) - set(dest_names(RouterConfig, rename=POLICY_KEYS))
     if unknown:
         raise ValueError(f"--config {path}: unknown keys {sorted(unknown)}")
     return data
@@ -222,7 +238,7 @@ def parse_config(argv: list[str] | None = None) -> RouterConfig:
         merged = {**model_costs(merged["model_path"]), **merged}
     if not merged.get("admin_token") and os.environ.get(ADMIN_TOKEN_ENV):
         merged["admin_token"] = os.environ[ADMIN_TOKEN_ENV]
-    return RouterConfig(**merged)
+    return RouterConfig.from_flags(**merged)
 
 
 def model_costs(model_path: str) -> dict[str, float]:

@@ -35,7 +35,8 @@ def build_controller(cfg: RouterConfig) -> Any:
         return None
     system = scenario.load_scenario(cfg.controller_scenario).system
     ccfg = ctl.ControllerConfig(interval_s=cfg.controller_interval_s)
-    return ctl.LongTermController(ccfg, system, (len(cfg.local_prefill), len(cfg.decode)), cfg.threshold)
+    return ctl.LongTermController(ccfg, system, (len(cfg.local_prefill), len(cfg.decode)),
+                                  cfg.policy_params.threshold)
 
 
 class ActingController:

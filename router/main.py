@@ -16,7 +16,7 @@ async def serve(cfg: RouterConfig) -> None:
     handle = await start_router(cfg, check_health_first=True)
     admin = "bearer token" if cfg.admin_token else "open (loopback listener)" if cfg.admin_open else "disabled"
     logging.getLogger(__name__).info("router listening on %s (policy=%s, t=%d, /admin: %s, max body %d B)",
-                                     handle.url, cfg.policy, cfg.threshold, admin, cfg.body_limit)
+                                     handle.url, cfg.policy, cfg.policy_params.threshold, admin, cfg.body_limit)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

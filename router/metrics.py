@@ -77,7 +77,7 @@ class RouterMetrics:
         view = link.view(time.monotonic())
         self.link_bytes.set(view.bytes_in_flight)
         self.link_queued.set(view.bytes_queued)
-        self.link_util.set(max(view.transfer_s(view.bytes_in_flight), view.queue_delay_s) / budget_s)
+        self.link_util.set(view.pressure(budget_s))
         self.link_goodput.set(link.goodput_bps)
         self.link_bytes_total.inc(link.rates.bytes_seen - self._link_bytes_exported)
         self._link_bytes_exported = link.rates.bytes_seen

@@ -9,9 +9,11 @@ Units: lengths in tokens, sizes in bytes, rates in bits/s, times in seconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
+
+from .cost import ModelCost
 
 Pool = Literal["prfaas", "local_prefill", "decode"]
 Route = Literal["prfaas", "local"]
@@ -59,6 +61,11 @@ class LinkView:
         rate = self.drain_bps()
         return nbytes * 8 / rate if rate > 0 else float("inf")
 
+    def pressure(self, budget_s: float) -> float:
+        """Link pressure in units of ``budget_s``: drain time of the bytes on the wire, or the measured queue
+        delay (what the bandwidth-aware latch compares with its watermarks, and the router exports)."""
+        return max(self.transfer_s(self.bytes_in_flight), self.queue_delay_s) / budget_s
+
 
 @dataclass(frozen=True, slots=True)
 class RouteInput:
@@ -82,58 +89,26 @@ class Decision:
     pace_s: float = 0.0  # > 0: not yet; hold the request this long, then decide again (PacedPolicy)
 
 
-@dataclass(frozen=True, slots=True)
-class ModelCost:
-    """KV size and prefill-time model of one deployment.
-
-    Prefill time is quadratic in the uncached length l: ``a + b*l + c*l^2`` seconds, one triple per pool
-    (the paper's H20 fit is a=0.468, b=1.300e-4, c=2.98e-10).
-    """
-
-    kv_bytes_per_token: float
-    state_bytes: float = 0.0  # fixed per-request linear-attention / SWA state + aux bytes
-    local_coef: tuple[float, float, float] = (0.0, 1e-4, 0.0)
-    remote_coef: tuple[float, float, float] = (0.0, 5e-5, 0.0)
-
-    def __post_init__(self) -> None:
-        if self.kv_bytes_per_token <= 0:
-            raise ValueError("kv_bytes_per_token must be > 0 (bytes of full-attention KV per token)")
-        if self.state_bytes < 0:
-            raise ValueError("state_bytes must be >= 0")
-
-    def kv_bytes(self, tokens: int) -> float:
-        """Bytes crossing the link for ``tokens`` of KV plus the fixed state."""
-        return self.state_bytes + self.kv_bytes_per_token * max(tokens, 0)
-
-    def prefill_s_local(self, tokens: int) -> float:
-        return _quad(self.local_coef, tokens)
-
-    def prefill_s_remote(self, tokens: int) -> float:
-        return _quad(self.remote_coef, tokens)
-
-
-def _quad(coef: tuple[float, float, float], tokens: int) -> float:
-    if tokens <= 0:
-        return 0.0
-    a, b, c = coef
-    return a + b * tokens + c * tokens * tokens
+def _p(default: float | str, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyParams:
-    """Tunables of every policy; unused fields are ignored by the simpler ones."""
+    """Tunables of every policy; unused fields are ignored by the simpler ones. The router's flags and the
+    simulator's [sim] keys are generated from these fields (help from the metadata; router/config.py)."""
 
-    threshold: int = 8192  # tokens of incremental length above which a prefill goes remote
-    cache_rule: CacheRule = "scarce"
-    overload_tokens: int = 32768  # a cache-affine instance with more queued tokens is skipped
-    high_watermark: float = 0.9  # link pressure (see BandwidthAwarePolicy) above which the link is congested
-    low_watermark: float = 0.6  # ... and below which it is not again (hysteresis)
-    budget_s: float = 1.0  # link pressure 1.0 = this many seconds of transfer backlog or queue delay
-    hold_s: float = 1.0  # once congested, the link counts as congested at least this long
-    slack: float = 0.5  # bandwidth-aware: the other pool must be this fraction sooner to take a request
-    target_s: float = 6.0  # ... and have it ready within this many seconds (keep below the TTFT SLO)
-    pace_max_s: float = 1.0  # paced: a remote-bound request is held at most this long in all
-    pace_step_s: float = 0.25  # paced: decide again after at most this long
+    threshold: int = _p(8192, "incremental-length threshold t (tokens) above which prefill goes remote")
+    cache_rule: CacheRule = _p("scarce", "paper cache rule: scarce (per-cluster cache) or abundant (max of both)")
+    overload_tokens: int = _p(32768, "queued tokens beyond which cache affinity is ignored")
+    high_watermark: float = _p(0.9, "link pressure (backlog or queue delay / budget) marking the link congested")
+    low_watermark: float = _p(0.6, "link pressure below which it is not congested again")
+    budget_s: float = _p(1.0, "link pressure 1.0 = this many seconds of transfer backlog or queue delay")
+    hold_s: float = _p(1.0, "minimum seconds the link counts as congested once it was")
+    slack: float = _p(0.5, "bandwidth_aware: the other pool must be this fraction sooner to take a request")
+    target_s: float = _p(6.0, "bandwidth_aware: ... and have its KV ready within this many seconds")
+    pace_max_s: float = _p(1.0, "paced: hold a remote-bound request at most this many seconds in all")
+    pace_step_s: float = _p(0.25, "paced: decide a held request again after at most this many seconds")
 
     def __post_init__(self) -> None:
         if self.threshold < 0:
@@ -301,13 +276,9 @@ class BandwidthAwarePolicy(ThresholdPolicy):
         self.congested = False
         self.congested_since = 0.0
 
-    def pressure(self, link: LinkView) -> float:
-        """Link pressure in units of ``budget_s``: drain time of bytes on the wire, or measured queue delay."""
-        return max(link.transfer_s(link.bytes_in_flight), link.queue_delay_s) / self.params.budget_s
-
     def update_latch(self, link: LinkView, now: float) -> bool:
         """Advance the hysteresis latch; returns True while the link is congested."""
-        p = self.pressure(link)
+        p = link.pressure(self.params.budget_s)
         if self.congested:
             if p < self.params.low_watermark and now - self.congested_since >= self.params.hold_s:
                 self.congested = False
@@ -320,8 +291,7 @@ class BandwidthAwarePolicy(ThresholdPolicy):
         time of the bytes it cannot clear meanwhile plus this request's; of those bytes alone. KV streams
         during the prefill, so the later of compute and link ends it."""
         c, link = self.cost, inp.link
-        rc = c.remote_coef
-        wait_r = rc[0] * remote.inflight + rc[1] * remote.queued_tokens
+        wait_r = c.wait_s_remote(remote.inflight, remote.queued_tokens)
         ahead = max(0.0, link.bytes_in_flight + link.bytes_queued - link.drain_bps() / 8 * wait_r)
         compute_s = wait_r + c.prefill_s_remote(inp.prompt_len - remote.cached_prefix)
         return compute_s, link.transfer_s(ahead + req_bytes), link.transfer_s(ahead)
@@ -329,8 +299,7 @@ class BandwidthAwarePolicy(ThresholdPolicy):
     def ready_s(self, inp: RouteInput, local: InstanceView, remote: InstanceView,
                 req_bytes: float) -> tuple[float, float]:
         """(local, remote) estimated seconds until this request's KV is ready for decode."""
-        lc = self.cost.local_coef
-        wait_l = lc[0] * local.inflight + lc[1] * local.queued_tokens
+        wait_l = self.cost.wait_s_local(local.inflight, local.queued_tokens)
         local_s = wait_l + self.cost.prefill_s_local(inp.prompt_len - local.cached_prefix)
         compute_s, link_s, _ = self.remote_parts(inp, remote, req_bytes)
         return local_s, max(compute_s, link_s) + inp.link.queue_delay_s

@@ -14,7 +14,9 @@ from typing import Any, Protocol, Sequence
 from .cluster import Cluster
 from .config import RouterConfig
 from .metrics import RouterMetrics
-from .policy import Decision, ModelCost, PolicyParams, RoutingPolicy, local_fallback, make_policy
+from .cost import ModelCost
+from .forward import LinkShare
+from .policy import Decision, RoutingPolicy, local_fallback, make_policy
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +27,6 @@ class Controller(Protocol):
     def observe(self, incremental_len: int, now: float) -> None: ...
 
     def maybe_update(self, now: float) -> Any: ...  # ControllerUpdate(threshold, recommended_split, reason)
-
-
-def policy_params(cfg: RouterConfig) -> PolicyParams:
-    return PolicyParams(threshold=cfg.threshold, cache_rule=cfg.cache_rule, overload_tokens=cfg.overload_tokens,
-                        high_watermark=cfg.high_watermark, low_watermark=cfg.low_watermark,
-                        budget_s=cfg.link_budget_s, hold_s=cfg.hold_s, slack=cfg.slack, target_s=cfg.target_s)
 
 
 def model_cost(cfg: RouterConfig) -> ModelCost:
@@ -45,7 +41,7 @@ class RoutingCore:
     def __init__(self, cfg: RouterConfig, cluster: Cluster, metrics: RouterMetrics,
                  controller: Controller | None = None) -> None:
         self.cfg, self.cluster, self.metrics, self.controller = cfg, cluster, metrics, controller
-        self.params = policy_params(cfg)
+        self.params = cfg.policy_params
         self.cost = model_cost(cfg)
         self.policy_name = cfg.policy
         self.policy: RoutingPolicy = make_policy(cfg.policy, self.params, self.cost)
@@ -78,6 +74,15 @@ class RoutingCore:
         d = local_fallback(inp, exclude, self.params.overload_tokens)
         self._commit(d, hashes, now)
         return d
+
+    def link_share(self, d: Decision, prompt_len: int, hashes: Sequence[int]) -> LinkShare:
+        """KV crossing the link (only what decode does not hold) and when it starts: after the PrfaaS queue."""
+        if d.route != "prfaas":
+            return LinkShare()
+        dec_cached = self.cluster.instances[d.decode].index.match(hashes) * self.cfg.block_size
+        pre = self.cluster.instances[d.prefill].view(0)  # this attempt is not counted there yet
+        wait_s = self.cost.wait_s_remote(pre.inflight, pre.queued_tokens)
+        return LinkShare(self.cost.kv_bytes(prompt_len - dec_cached), time.monotonic() + wait_s)
 
     def _commit(self, d: Decision, hashes: Sequence[int], now: float) -> None:
         self.cluster.instances[d.prefill].index.insert(hashes)

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             say(f"starting {len(dep.servers)} SGLang servers on CPU + the router (1-3 min) ...")
             stack.start()
-            rcfg = RouterConfig(**stack.dep.router_fields(tokenizer_path=model))
+            rcfg = RouterConfig.from_flags(**stack.dep.router_fields(tokenizer_path=model))
             router = LiveRouter(rcfg, shift.LengthRule((2, 1), args.threshold)).start()
             prom = monitor.start(stack.dep, args.out, say)
             tokenizer = f"{model}/tokenizer.json"

@@ -7,10 +7,9 @@ in ``__post_init__`` (it builds the typed specs the library uses, each of which 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import typing
 from dataclasses import dataclass, field
 
+from prfaas_sgl.cliargs import add_fields, field_values
 from prfaas_sgl.loadgen.client import APIS, ROUTE_HEADER, ClientSpec
 from prfaas_sgl.loadgen.runner import RunSpec
 from prfaas_sgl.loadgen.stats import Slo
@@ -100,19 +99,9 @@ class BenchConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BenchConfig:
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+        return cls(**field_values(args, cls))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per BenchConfig field, defaults and types taken from the dataclass."""
-    hints = typing.get_type_hints(BenchConfig)
-    for f in dataclasses.fields(BenchConfig):
-        flag = "--" + f.name.replace("_", "-")
-        kw: dict = {"default": f.default, "help": f.metadata["help"] + " (default: %(default)s)"}
-        if hints[f.name] is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        else:
-            kw["type"] = hints[f.name]
-        if f.metadata["choices"]:
-            kw["choices"] = f.metadata["choices"]
-        parser.add_argument(flag, **kw)
+    add_fields(parser, BenchConfig, help_suffix=" (default: %(default)s)")

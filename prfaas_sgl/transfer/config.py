@@ -53,7 +53,7 @@ class TransferConfig:
     connections: int = 4
     chunk_bytes: int = 1 * MIB
     window_bytes: int = 128 * MIB
-    timeout_s: float = 60.0
+    timeout_s: float = 30.0  # also --prfaas-zmq-timeout-s's default (prfaas_sgl/config.py reads it here)
     min_rate_bytes_s: float | None = 1 * MIB
     cap_slack_s: float = 600.0
     keys_dir: str | None = None

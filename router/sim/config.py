@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 
 from ..planner.curves import ProfileError
+from ..policy import PolicyParams
 from .workload import ArrivalConfig, PrefixConfig
 
 
@@ -14,16 +15,9 @@ class SimConfig:
     drain_s: float = 900.0  # then at most this long to finish in-flight work
     seed: int = 1
     policy: str = "threshold"  # a name in prfaas_sgl.router.policy.POLICIES
-    threshold: float = -1.0  # tokens; < 0 = the planner's optimum
-    cache_rule: str = "scarce"
-    high_watermark: float = 0.9
-    low_watermark: float = 0.6
-    budget_s: float = 1.0
-    hold_s: float = 5.0
-    slack: float = 0.5  # bandwidth_aware: PolicyParams.slack / target_s
-    target_s: float = 6.0
-    pace_max_s: float = 1.0  # paced: PolicyParams.pace_max_s / pace_step_s
-    pace_step_s: float = 0.25
+    threshold: float = -1.0  # tokens, replaces policy_params.threshold; < 0 = the planner's optimum
+    # the policy's other tunables, the router's defaults; flat [sim] keys of the same names (POLICY_KEYS)
+    policy_params: PolicyParams = field(default_factory=PolicyParams)
     controller: bool = False  # run the long-term controller on simulated time
     controller_interval_s: float = 60.0
     controller_max_step_frac: float = 0.25
@@ -62,6 +56,9 @@ class SimConfig:
             raise ProfileError("sim.switch_s must be >= 0 seconds, sim.controller_window >= 1")
 
 
+POLICY_KEYS = frozenset(f.name for f in fields(PolicyParams)) - {"threshold"}  # [sim] keys of policy_params
+
+
 def _coerce(name: str, value, default):
     if isinstance(default, bool):
         if not isinstance(value, bool):
@@ -94,6 +91,8 @@ def sim_config(tbl: dict, **overrides) -> SimConfig:
     prefix = _sub(PrefixConfig, tbl.pop("prefix", {}), "sim.prefix")
     trace = tuple((float(t), float(f)) for t, f in tbl.pop("bandwidth_trace", ()))
     phases = tuple(tuple(float(x) for x in p) for p in tbl.pop("phases", ()))
+    policy = {k: tbl.pop(k) for k in POLICY_KEYS & set(tbl)}
+    policy.update({k: overrides.pop(k) for k in POLICY_KEYS & set(overrides) if overrides[k] is not None})
     known = {f.name: f for f in fields(SimConfig) if f.default is not MISSING}
     for k in tbl:
         if k not in known:
@@ -104,4 +103,10 @@ def sim_config(tbl: dict, **overrides) -> SimConfig:
     kw.setdefault("prefix", prefix)
     kw.setdefault("bandwidth_trace", trace)
     kw.setdefault("phases", phases)
+    try:
+        kw.setdefault("policy_params", _sub(PolicyParams, policy, "sim"))
+    except ProfileError:
+        raise
+    except ValueError as e:  # PolicyParams' own checks
+        raise ProfileError(f"sim: {e}") from None
     return SimConfig(**kw)

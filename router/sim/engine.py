@@ -13,6 +13,7 @@ Request timeline (seconds):
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import time
@@ -21,9 +22,10 @@ from dataclasses import dataclass
 
 from ..actuators.decide import DecideConfig
 from ..controller import ControllerConfig, LongTermController
+from ..cost import ModelCost
 from ..planner.curves import ProfileError
 from ..planner.model import System
-from ..policy import InstanceView, LinkView, ModelCost, PolicyParams, RouteInput, make_policy
+from ..policy import InstanceView, LinkView, RouteInput, make_policy
 from ..prefix_index import ApproxIndex
 from .config import SimConfig
 from .resources import DecodeServer, PrefillServer, PSLink
@@ -72,10 +74,7 @@ class Simulator:
         self.prefill = {s.name: s for s in remote + local}
         self.decode = {f"pd-d-{i}": DecodeServer(f"pd-d-{i}", sys.local.decode_max_batch, sys.local.decode_step_s,
                                                  ApproxIndex(cap)) for i in range(n_d)}
-        params = PolicyParams(threshold=int(threshold), cache_rule=cfg.cache_rule, high_watermark=cfg.high_watermark,
-                              low_watermark=cfg.low_watermark, budget_s=cfg.budget_s, hold_s=cfg.hold_s,
-                              slack=cfg.slack, target_s=cfg.target_s, pace_max_s=cfg.pace_max_s,
-                              pace_step_s=cfg.pace_step_s)
+        params = dataclasses.replace(cfg.policy_params, threshold=int(threshold))
         self.policy = make_policy(cfg.policy, params, model_cost(sys))
         self.link = PSLink(sys.link_Bps * self._bw_at(0.0))
         self.committed = 0.0  # KV bytes routed remote whose transfer has not started

@@ -40,7 +40,7 @@ def test_stack_starts_the_servers_and_leaves_the_router_to_the_demo():
 
 def test_use_servers_drains_the_others(tmp_path):
     dep = demo_dep()
-    cluster = Cluster(RouterConfig(**dep.router_fields(tokenizer_path=build_tiny_tokenizer(str(tmp_path / "t")))))
+    cluster = Cluster(RouterConfig.from_flags(**dep.router_fields(tokenizer_path=build_tiny_tokenizer(str(tmp_path / "t")))))
     for phase in PHASES:
         use_servers(cluster, phase.servers)
         serving = {n for n, i in cluster.instances.items() if not i.draining}

@@ -47,7 +47,7 @@ def _planner_gauge(metrics: RouterMetrics) -> float:
 
 
 def test_planner_offload_fraction_is_nan_until_the_controller_updates_then_its_optimum(tmp_path):
-    cfg = RouterConfig(local_prefill=("http://h:1;bootstrap=8998",), decode=("http://h:2",),
+    cfg = RouterConfig.from_flags(local_prefill=("http://h:1;bootstrap=8998",), decode=("http://h:2",),
                        tokenizer_path=build_tiny_tokenizer(str(tmp_path / "tok")), controller="planner",
                        controller_scenario=str(SCENARIO), threshold=19_000)
     metrics = RouterMetrics()

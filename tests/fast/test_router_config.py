@@ -33,7 +33,7 @@ url = "http://127.0.0.1:30002"
 """)
     cfg = parse_config(["--config", str(tmp_path / "r.toml"), "--threshold", "100",
                         "--local-prefill", "http://127.0.0.1:30001;bootstrap=9000;name=lp"])
-    assert cfg.threshold == 100 and cfg.policy == "threshold"
+    assert cfg.policy_params.threshold == 100 and cfg.policy == "threshold"
     assert cfg.prfaas == (InstanceSpec("http://10.0.0.1:30000", 8998, "tcp://10.0.0.1:5557", "prfaas0"),)
     assert cfg.local_prefill == (InstanceSpec("http://127.0.0.1:30001", 9000, None, "lp"),)
     assert cfg.model_name == "tok"
@@ -54,7 +54,7 @@ def test_validation_names_the_flag(tmp_path, kw, flag):
     base = dict(local_prefill=("http://h:1;bootstrap=8998",), decode=("http://h:2",),
                 tokenizer_path=build_tiny_tokenizer(str(tmp_path / "tok")))
     with pytest.raises(ValueError, match=re.escape(flag)):
-        RouterConfig(**{**base, **kw})
+        RouterConfig.from_flags(**{**base, **kw})
 
 
 def _minimal(tmp_path, **kw) -> RouterConfig:

@@ -216,7 +216,7 @@ class FuzzRig:
 
     async def _start(self, tmp: Path) -> RouterHandle:
         urls = [await s.start() for s in self.standins]
-        cfg = RouterConfig(port=0, prfaas=(InstanceSpec(urls[0], 8998),), local_prefill=(InstanceSpec(urls[1], 8999),),
+        cfg = RouterConfig.from_flags(port=0, prfaas=(InstanceSpec(urls[0], 8998),), local_prefill=(InstanceSpec(urls[1], 8999),),
                            decode=(InstanceSpec(urls[2]),), tokenizer_path=build_tiny_tokenizer(str(tmp / "tok")),
                            served_model_name=MODEL, context_length=2048, policy="threshold", threshold=32,
                            block_size=4, prefill_timeout_s=5, request_timeout_s=10)

@@ -47,7 +47,7 @@ async def rig(tmp_path, standin: type[Standin] = Standin, **cfg_kw) -> AsyncIter
               decode=(InstanceSpec(decode.url),), tokenizer_path=build_tiny_tokenizer(str(tmp_path / "tok")),
               served_model_name="tiny", context_length=2048, policy="threshold", threshold=32, block_size=4,
               prefill_timeout_s=5, request_timeout_s=10)
-    cfg = RouterConfig(**{**kw, **cfg_kw})
+    cfg = RouterConfig.from_flags(**{**kw, **cfg_kw})
     handle = await start_router(cfg, seed=0)
     http = aiohttp.ClientSession()
     try:
@@ -244,7 +244,7 @@ def test_planner_controller_builds_from_scenario(tmp_path):
 
     from prfaas_sgl.router.controller_glue import build_controller
     scenario = Path(__file__).resolve().parents[2] / "scenarios" / "paper_case_study.toml"
-    cfg = RouterConfig(local_prefill=("http://h:1;bootstrap=8998",), decode=("http://h:2",),
+    cfg = RouterConfig.from_flags(local_prefill=("http://h:1;bootstrap=8998",), decode=("http://h:2",),
                        tokenizer_path=build_tiny_tokenizer(str(tmp_path / "tok")), controller="planner",
                        controller_scenario=str(scenario), threshold=19_000)
     ctl = build_controller(cfg)

@@ -53,7 +53,7 @@ def test_a_caller_that_cannot_wait_gets_no_hold():
 
 
 def test_routing_core_holds_then_routes(tmp_path):
-    cfg = RouterConfig(prfaas=(InstanceSpec("http://h:1", 1, name="r0"),),
+    cfg = RouterConfig.from_flags(prfaas=(InstanceSpec("http://h:1", 1, name="r0"),),
                        local_prefill=(InstanceSpec("http://h:2", 2, name="l0"),), decode=(InstanceSpec("http://h:3"),),
                        tokenizer_path=build_tiny_tokenizer(str(tmp_path / "tok")), policy="paced", threshold=10,
                        kv_bytes_per_token=1e6, state_bytes=0.0, link_gbps=1.0)

@@ -81,7 +81,7 @@ def router(farm, model_paths):
         return InstanceSpec(s.url, bootstrap_port=s.bootstrap_port, name=name)
 
     page = farm["prfaas"].spec.page_size or 1  # SGLang's CPU default page size is 1 token
-    cfg = RouterConfig(port=0, prfaas=(inst("prfaas"),), local_prefill=(inst("local"),), decode=(inst("decode"),),
+    cfg = RouterConfig.from_flags(port=0, prfaas=(inst("prfaas"),), local_prefill=(inst("local"),), decode=(inst("decode"),),
                        tokenizer_path=model_paths["hybrid"], served_model_name="tiny", context_length=CONTEXT,
                        policy="threshold", threshold=THRESHOLD, block_size=page, health_interval_s=HEALTH_S,
                        prefill_timeout_s=300, request_timeout_s=300)

@@ -1,0 +1,60 @@
+"""The generated command lines stay what users type: the flags of the router, the `--prfaas-*` SGLang flags
+and the load generator, compared with a snapshot taken before their three generators became one
+(`prfaas_sgl/cliargs.py`). Regenerate the snapshot only for a deliberate flag change:
+``python tests/fast/test_cli_flags.py > tests/fast/data/cli_flags.json``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+SNAPSHOT = Path(__file__).parent / "data" / "cli_flags.json"
+# Flags added since the snapshot, on purpose: PolicyParams' pacing knobs became router flags when the
+# router's policy settings started to be generated from PolicyParams (before, only /admin/routing set them).
+ADDED = {"router": {"--pace-max-s", "--pace-step-s"}}
+
+
+def _action(a: argparse.Action, group: str) -> dict:
+    typ = a.type if a.type is None else getattr(a.type, "__qualname__", repr(a.type))
+    return {"dest": a.dest, "default": repr(a.default), "type": typ, "nargs": a.nargs, "const": repr(a.const),
+            "action": type(a).__name__, "choices": None if a.choices is None else list(a.choices),
+            "help": a.help, "required": a.required, "metavar": a.metavar, "group": group}
+
+
+def _describe(p: argparse.ArgumentParser) -> dict:
+    out = {}
+    for g in p._action_groups:
+        for a in g._group_actions:
+            if not isinstance(a, argparse._HelpAction):
+                out[" ".join(a.option_strings)] = _action(a, g.title or "")
+    return out
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    from prfaas_sgl import config as prfaas_config
+    from prfaas_sgl.loadgen.config import add_arguments
+    from prfaas_sgl.router.config import build_parser
+
+    plugin, bench = argparse.ArgumentParser(prog="t"), argparse.ArgumentParser(prog="t")
+    prfaas_config.add_flags(plugin)
+    add_arguments(bench)
+    return {"router": build_parser(), "prfaas": plugin, "loadgen": bench}
+
+
+def snapshot() -> dict:
+    return {name: _describe(p) for name, p in parsers().items()}
+
+
+def test_flags_unchanged():
+    want, got = json.loads(SNAPSHOT.read_text()), snapshot()
+    for name, flags in want.items():
+        assert set(got[name]) - set(flags) == ADDED.get(name, set()), name
+        for flag, spec in flags.items():
+            assert got[name].get(flag) == spec, (name, flag)
+
+
+if __name__ == "__main__":
+    json.dump(snapshot(), sys.stdout, indent=1, sort_keys=True)
+    print()
