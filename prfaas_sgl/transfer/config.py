@@ -20,7 +20,7 @@ class TransferConfig:
     chunk_bytes: largest payload of one chunk message (bytes); one checksum and one ack per chunk.
     window_bytes: un-acknowledged chunk bytes allowed per peer; bounds the memory both ends hold in
         ZeroMQ queues (the sender's frames are zero-copy views, the receiver's are real copies).
-    Defaults from scripts/bench_transfer.py (helper-notes/transfer.md): 4 connections reach 0.95 of a
+    Defaults from scripts/bench_transfer.py (docs/benchmarks.md): 4 connections reach 0.95 of a
     1 Gbit/s tbf link at any chunk size; 1 MiB chunks cost ~0.3 s/GB less CPU than 256 KiB and keep CURVE
     fast; a 128 MiB window rode out scheduling stalls at 5 Gbit/s better than 32 MiB (median 0.95 vs 0.91).
     timeout_s: no-progress deadline of a transfer (seconds). The sender's is refreshed by every send(),
