@@ -13,7 +13,7 @@ from sglang.srt.disaggregation.base.conn import KVPoll
 from sglang.srt.disaggregation.common.conn import CommonKVManager
 from sglang.srt.disaggregation.utils import DisaggregationMode
 
-from prfaas_sgl import compat
+from prfaas_sgl.srt import flags
 from prfaas_sgl.backend import control
 from prfaas_sgl.backend.memory import KVMemory
 from prfaas_sgl.backend.settings import insecure_problem, transfer_config
@@ -53,7 +53,7 @@ class PrfaasKVManager(CommonKVManager):
             raise ValueError(f"--disaggregation-transfer-backend prfaas_zmq runs on --device cpu or cuda, "
                              f"got {device!r}; use mooncake there")
         super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
-        self.prfaas_config = compat.get_config(server_args)
+        self.prfaas_config = flags.get_config(server_args)
         problem = insecure_problem(self.prfaas_config, self.local_ip)
         if problem:
             raise ValueError(problem)

@@ -9,7 +9,7 @@ PROBE = textwrap.dedent("""
     import importlib.metadata, sys
     importlib.metadata.version = lambda name: "0.5.22"
     sys.argv = {argv!r}
-    from prfaas_sgl import compat
+    from prfaas_sgl.srt import compat
     try:
         compat.install()
         print("INSTALLED-QUIETLY")

@@ -1,7 +1,7 @@
-"""Every SGLang touch point of prfaas_sgl, gated on the one SGLang version it was written against.
+"""The plugin's install into SGLang, gated on the one SGLang version it was written against.
 
 `install()` runs in every SGLang process (plugin loader). It registers hooks that are cheap until used:
-- the `--prfaas-*` flag group and the frozen `PrfaasConfig` stored on the server-args record;
+- the `--prfaas-*` flag group and the frozen `PrfaasConfig` stored on the server-args record (`flags`);
 - the `prfaas_zmq` transfer backend (enum member, CLI choice, KV classes), if the transport is present;
 - CPU fixes, only when SGLang runs on CPU (`SGLANG_USE_CPU_ENGINE=1`).
 """
@@ -12,12 +12,11 @@ import logging
 import os
 import sys
 
-from prfaas_sgl import config as prfaas_config
+from prfaas_sgl.srt import flags
 
 log = logging.getLogger(__name__)
 
 PINNED_SGLANG = "0.5.23"
-CONFIG_ATTR = "_prfaas_config"  # underscore attrs survive ServerArgs pickling and its post-resolve seal
 BACKEND = "prfaas_zmq"
 
 
@@ -30,8 +29,9 @@ def install() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _after_add_cli_args, HookType.AFTER)
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", _around_from_cli_args, HookType.AROUND)
+    server_args = "sglang.srt.server_args.ServerArgs"
+    HookRegistry.register(f"{server_args}.add_cli_args", flags.after_add_cli_args, HookType.AFTER)
+    HookRegistry.register(f"{server_args}.from_cli_args", flags.around_from_cli_args, HookType.AROUND)
     _install_transfer_backend(HookRegistry, HookType)
     _install_cache_backend(HookRegistry, HookType)
     if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
@@ -56,33 +56,6 @@ def _version_ok() -> bool:
 
 def _prfaas_requested(argv: list[str]) -> bool:
     return any(a.startswith("--prfaas-") or a == BACKEND for a in argv)
-
-
-# --- flags and config ---------------------------------------------------------------------------
-
-
-def _after_add_cli_args(result, parser, *args, **kwargs):
-    prfaas_config.add_flags(parser)
-    parser.set_defaults(_prfaas_parser=parser)  # lets from_cli_args report errors the argparse way
-    return result
-
-
-def _around_from_cli_args(original, cls, ns, *args, **kwargs):
-    server_args = original(cls, ns, *args, **kwargs)
-    try:
-        cfg = prfaas_config.from_namespace(ns)
-    except ValueError as e:
-        parser = getattr(ns, "_prfaas_parser", None)
-        if parser is None:
-            raise
-        parser.error(str(e))  # exits 2 with usage and the message naming the flag
-    setattr(server_args, CONFIG_ATTR, cfg)
-    return server_args
-
-
-def get_config(server_args) -> prfaas_config.PrfaasConfig:
-    """The server's PrfaasConfig (defaults when the server was built without the CLI, e.g. Engine())."""
-    return getattr(server_args, CONFIG_ATTR, None) or prfaas_config.PrfaasConfig()
 
 
 def _install_cache_backend(HookRegistry, HookType) -> None:
