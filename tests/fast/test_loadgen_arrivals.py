@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from prfaas_sgl.workload import arrivals
 from prfaas_sgl.workload.arrivals import ArrivalSpec
 
 
@@ -47,3 +48,14 @@ def test_same_seed_same_times():
 def test_bad_arrival_specs(kw):
     with pytest.raises(ValueError):
         ArrivalSpec(**kw)
+
+
+def test_window_form_is_the_simulators_and_stays_inside_the_horizon():
+    """The simulator asks for all arrivals before a horizon; the load generator for the first n. Same draws."""
+    t = arrivals.poisson(np.random.default_rng(3), 5.0, until=2000.0)
+    assert np.all(np.diff(t) >= 0) and t[-1] < 2000.0 and t.size == pytest.approx(10_000, rel=0.05)
+    on = arrivals.onoff(np.random.default_rng(3), 10.0, 1.0, 20.0, 20.0, until=4000.0)
+    assert on[-1] < 4000.0 and on.size == pytest.approx(22_000, rel=0.15)  # mean rate (10 + 1) / 2
+    assert arrivals.uniform(4.0, until=1.0).tolist() == [0.0, 0.25, 0.5, 0.75]
+    with pytest.raises(ValueError, match="exactly one"):
+        arrivals.poisson(np.random.default_rng(0), 1.0, n=3, until=1.0)
