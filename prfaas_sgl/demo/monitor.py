@@ -19,6 +19,7 @@ from pathlib import Path
 from prfaas_sgl.deploy.config import Deployment
 from prfaas_sgl.deploy.prometheus import RULES, scrape_config, to_yaml
 from prfaas_sgl.launch import free_port
+from prfaas_sgl.router import names
 
 INSTALL = "apt-get install -y prometheus"
 SCRAPE_S = 1.0  # the demo's phases last minutes: 1 s samples resolve the link's bursts
@@ -120,19 +121,19 @@ def router_summary(prom: PromServer, t0: float, t1: float) -> tuple[dict, dict]:
 
     The offload fraction is the counters' delta, not ``increase()``: a route's series is born at its first
     decision, and ``increase()`` would drop the counts before its first sample."""
-    prom.wait_for_sample("prfaas_router_decisions_total", t1)
+    prom.wait_for_sample(names.DECISIONS, t1)
     end = t1 + SCRAPE_S
-    remote = _delta(prom, 'sum(prfaas_router_decisions_total{route="prfaas"})', t0, end) or 0.0
-    local = _delta(prom, 'sum(prfaas_router_decisions_total{route="local"})', t0, end) or 0.0
-    points = _points(prom, "max(prfaas_router_link_utilization)", t0, t1)
-    bps = dict(_points(prom, "max(prfaas_router_link_goodput_bps)", t0, t1))
+    remote = _delta(prom, f'sum({names.DECISIONS}{{route="{names.REMOTE_ROUTE}"}})', t0, end) or 0.0
+    local = _delta(prom, f'sum({names.DECISIONS}{{route="local"}})', t0, end) or 0.0
+    points = _points(prom, f"max({names.LINK_UTILIZATION})", t0, t1)
+    bps = dict(_points(prom, f"max({names.LINK_GOODPUT_BPS})", t0, t1))
     utils = [u for _, u in points]
     series = {"t_s": [max(0.0, t - t0) for t, _ in points], "link_bps": [bps.get(t) for t, _ in points],
               "link_utilization": utils}
     summary = {
         "url": prom.url, "source": "prometheus", "scrapes": len(points), "failed_scrapes": None,
         "offload_fraction": remote / (remote + local) if remote + local > 0 else None,
-        "link_bytes": _delta(prom, "sum(prfaas_router_link_bytes_total)", t0, end),
+        "link_bytes": _delta(prom, f"sum({names.LINK_BYTES_TOTAL})", t0, end),
         "link_utilization_mean": sum(utils) / len(utils) if utils else None,
         "link_utilization_max": max(utils) if utils else None,
     }

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field, replace
 
 import aiohttp
 
-from prfaas_sgl.router.names import ROUTE_HEADER  # noqa: F401  (one definition, shared with the router)
+from prfaas_sgl.router.names import ROUTE_HEADER  # one definition, shared with the router
+
 APIS = ("completions", "chat")
 
 

@@ -10,10 +10,11 @@ import argparse
 from dataclasses import dataclass, field
 
 from prfaas_sgl.cliargs import add_fields, field_values
-from prfaas_sgl.loadgen.client import APIS, ROUTE_HEADER, ClientSpec
+from prfaas_sgl.loadgen.client import APIS, ClientSpec
 from prfaas_sgl.loadgen.runner import RunSpec
 from prfaas_sgl.loadgen.stats import Slo
 from prfaas_sgl.loadgen.workload import SyntheticSpec
+from prfaas_sgl.router.names import ROUTE_HEADER
 from prfaas_sgl.workload.arrivals import ArrivalSpec
 
 
