@@ -37,7 +37,7 @@ from prfaas_sgl.transfer.recv_checks import (chunk_problem, chunk_size_problem, 
                                              max_frame_bytes)
 from prfaas_sgl.transfer.recv_gate import From, Gate, session_of
 from prfaas_sgl.transfer.security import secure_server, server_public_key
-from prfaas_sgl.transfer.states import UNKNOWN_STATUS, TransferState as S, TransferStatus
+from prfaas_sgl.transfer.states import TransferState as S, TransferStatus
 
 __all__ = ["ZmqReceiver", "max_frame_bytes"]
 log = logging.getLogger(__name__)
@@ -105,11 +105,11 @@ class ZmqReceiver(SocketLoop):
         self.call_sync(self._book.add, t)
 
     def poll(self, transfer_id: int) -> TransferStatus:
-        return self._book.status.get(transfer_id, UNKNOWN_STATUS)
+        return self._book.status.get(transfer_id)
 
     def wait(self, transfer_id: int, timeout: float) -> TransferStatus:
         """Block until the transfer is terminal or `timeout` seconds pass; returns the last status."""
-        return self._book.wait(transfer_id, timeout)
+        return self._book.status.wait(transfer_id, timeout)
 
     def abort(self, transfer_id: int, reason: str = "aborted by receiver") -> None:
         self.call(self._book.abort, transfer_id, reason)

@@ -1,7 +1,7 @@
 """The receiver's per-transfer bookkeeping: states, the statuses other threads read and wait on, deadlines.
 
-Plain Python on the loop thread, except `status` (read by `poll()`) and `wait()` (any thread, woken on
-every terminal state). Replies to the sender go through the `reply` callback the receiver passes in.
+Plain Python on the loop thread, except `status` (a `states.StatusTable`: `poll()` and `wait()` read it
+from any thread). Replies to the sender go through the `reply` callback the receiver passes in.
 
 Deadlines: a transfer fails when nothing of it is accepted for its `timeout_s` (expect() to Open, then
 between accepted Open/Chunk/Close), or when it outlives `TransferConfig.cap_s` of all its expected
@@ -11,8 +11,6 @@ config the receiver never gives up before the sender's own cap.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +18,7 @@ from typing import Any
 from prfaas_sgl.transfer.chunking import DestStream
 from prfaas_sgl.transfer.config import TransferConfig
 from prfaas_sgl.transfer.messages import Abort, Close, Failed
-from prfaas_sgl.transfer.states import UNKNOWN_STATUS, TransferState as S, TransferStatus
+from prfaas_sgl.transfer.states import StatusTable, TransferState as S, TransferStatus
 
 
 @dataclass(slots=True)
@@ -49,18 +47,9 @@ class RecvBook:
         self.cfg = cfg
         self._reply = reply
         self.transfers: dict[int, InTransfer] = {}
-        self.status: dict[int, TransferStatus] = {}
+        self.status = StatusTable()  # what poll() and wait() read, from any thread
         # non-terminal subset of transfers, the only ones whose deadlines need checking
         self.active: dict[int, InTransfer] = {}
-        self._done_cv = threading.Condition()
-
-    def wait(self, tid: int, timeout: float) -> TransferStatus:
-        """Any thread: block until `tid` is terminal or `timeout` seconds pass; returns the last status."""
-        end = time.monotonic() + timeout
-        with self._done_cv:
-            while not self.status.get(tid, UNKNOWN_STATUS).state.terminal and time.monotonic() < end:
-                self._done_cv.wait(min(0.1, max(0.0, end - time.monotonic())))
-        return self.status.get(tid, UNKNOWN_STATUS)
 
     def add(self, t: InTransfer) -> None:
         old = self.transfers.get(t.tid)
@@ -75,10 +64,7 @@ class RecvBook:
             self.active.pop(t.tid, None)
         else:
             self.active[t.tid] = t
-        self.status[t.tid] = TransferStatus(state, reason, t.nbytes)
-        if state.terminal:
-            with self._done_cv:
-                self._done_cv.notify_all()
+        self.status.put(t.tid, TransferStatus(state, reason, t.nbytes))
 
     def finish(self, t: InTransfer, state: S, reason: str) -> None:
         """Terminal failure: record it and tell the sender (if one is known)."""
@@ -94,7 +80,7 @@ class RecvBook:
     def release(self, tid: int) -> None:
         self.abort(tid, "released by receiver")
         self.transfers.pop(tid, None)
-        self.status.pop(tid, None)
+        self.status.pop(tid)
 
     def fail_all(self, reason: str) -> None:
         for t in list(self.active.values()):

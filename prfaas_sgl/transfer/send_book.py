@@ -1,8 +1,8 @@
 """The sender's per-transfer bookkeeping: states, the statuses other threads read, replies, deadlines.
 
 Plain Python on the loop thread (no sockets): `ZmqSender` decides what happens on the wire, this table
-records what it means for each transfer. Statuses live in a dict that `poll()` reads from any thread
-(one `dict.get` under the GIL); nothing else here is touched off the loop thread.
+records what it means for each transfer. Statuses live in a `states.StatusTable` that `poll()` and
+`wait()` read from any thread; nothing else here is touched off the loop thread.
 
 Deadlines: a transfer fails when it makes no progress for its `timeout_s` (see
 `TransferConfig.timeout_s` for what counts), or when it outlives `TransferConfig.cap_s` of the bytes
@@ -21,7 +21,7 @@ from typing import Any
 from prfaas_sgl.transfer.config import TransferConfig
 from prfaas_sgl.transfer.messages import Abort, Ack, Done, Failed, Message, OpenAck
 from prfaas_sgl.transfer.peers import Link
-from prfaas_sgl.transfer.states import TransferState as S, TransferStatus
+from prfaas_sgl.transfer.states import StatusTable, TransferState as S, TransferStatus
 
 log = logging.getLogger(__name__)
 CLOSE = object()  # marks, in a transfer's job queue, where Close goes (after all its chunks)
@@ -54,7 +54,7 @@ class SendBook:
         self._on_drop = on_drop  # a job dropped unsent (staged slots go back to their ring)
         self._on_terminal = on_terminal  # a transfer's status just became terminal
         self.transfers: dict[int, OutTransfer] = {}
-        self.status: dict[int, TransferStatus] = {}
+        self.status = StatusTable()  # what poll() and wait() read, from any thread
         # non-terminal subset of transfers, the only ones whose deadlines need checking
         self.active: dict[int, OutTransfer] = {}
 
@@ -64,7 +64,7 @@ class SendBook:
 
     def refuse(self, tid: int, reason: str) -> None:
         """`tid` failed before it had a link (bad peer, no sockets, refused handshake)."""
-        self.status[tid] = TransferStatus(S.FAILED, reason)
+        self.status.put(tid, TransferStatus(S.FAILED, reason))
 
     def set(self, t: OutTransfer, state: S, reason: str = "") -> None:
         t.state, t.reason = state, reason
@@ -73,7 +73,7 @@ class SendBook:
         else:
             self.active[t.tid] = t
         t.link.attach(t.tid, time.monotonic(), live=not state.terminal)
-        self.status[t.tid] = TransferStatus(state, reason, t.acked)
+        self.status.put(t.tid, TransferStatus(state, reason, t.acked))
         if state.terminal and self._on_terminal is not None:
             try:
                 self._on_terminal(t.tid)
@@ -123,7 +123,7 @@ class SendBook:
             self.abort(tid, "released by sender")
         finally:
             self.transfers.pop(tid, None)
-            self.status.pop(tid, None)
+            self.status.pop(tid)
 
     def fail_all(self, reason: str) -> None:
         for t in list(self.active.values()):

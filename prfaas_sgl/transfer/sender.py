@@ -37,7 +37,7 @@ from prfaas_sgl.transfer.messages import Codec, DecodeError, Failed, Open
 from prfaas_sgl.transfer.peers import Link, LinkTable, open_link
 from prfaas_sgl.transfer.send_book import CLOSE, OutTransfer, SendBook
 from prfaas_sgl.transfer.send_frames import FrameMaker
-from prfaas_sgl.transfer.states import UNKNOWN_STATUS, TransferState as S, TransferStatus
+from prfaas_sgl.transfer.states import TransferState as S, TransferStatus
 from prfaas_sgl.transfer.stats import StatsBook, StatsServer
 
 log = logging.getLogger(__name__)
@@ -90,24 +90,22 @@ class ZmqSender(SocketLoop):
         self._call(self._send, transfer_id, peer, regions, last, timeout_s or self.cfg.timeout_s)
 
     def poll(self, transfer_id: int) -> TransferStatus:
-        status = self._book.status.get(transfer_id, UNKNOWN_STATUS)
+        status = self._book.status.get(transfer_id)
         fatal = self.fatal
         if fatal is not None and not status.state.terminal:  # queued work will never run
             return TransferStatus(S.FAILED, f"sender loop died: {fatal}", status.nbytes)
         return status
 
     def wait(self, transfer_id: int, timeout: float) -> TransferStatus:
-        end = time.monotonic() + timeout
-        while not self.poll(transfer_id).state.terminal and time.monotonic() < end:
-            time.sleep(0.002)
-        return self.poll(transfer_id)
+        # `poll`, not the table: a dead loop reads FAILED without a put (hence the 2 ms re-check)
+        return self._book.status.wait(transfer_id, timeout, read=self.poll, step=0.002)
 
     def abort(self, transfer_id: int, reason: str = "aborted by sender") -> None:
         self._call(self._book.abort, transfer_id, reason)
 
     def release(self, transfer_id: int) -> None:
         if self.fatal is not None:
-            self._book.status.pop(transfer_id, None)  # the loop is gone: nothing else touches the table
+            self._book.status.pop(transfer_id)  # the loop is gone: nothing else touches the table
         self._call(self._book.release, transfer_id)
 
     def close(self) -> None:

@@ -21,24 +21,23 @@ from prfaas_sgl.transfer.buffers import register
 from prfaas_sgl.transfer.chunking import dest_streams, scatter
 from prfaas_sgl.transfer.config import PeerInfo
 from prfaas_sgl.transfer.layout import MemoryLayout, Region, stream_lengths
-from prfaas_sgl.transfer.states import UNKNOWN_STATUS, TransferState as S, TransferStatus
+from prfaas_sgl.transfer.states import UNKNOWN_STATUS, StatusTable, TransferState as S, TransferStatus
 
 
 @dataclass(slots=True)
 class _Entry:
-    state: S
     deadline: float
     timeout_s: float = 0.0  # no-progress timeout behind `deadline`
-    reason: str = ""
-    nbytes: int = 0
     regions: list[Region] = field(default_factory=list)
 
 
 class _Side:
-    """Status table with deadlines checked lazily on poll (no thread needed)."""
+    """The transport's status table (`states.StatusTable`), with deadlines checked lazily on poll (no
+    thread needed)."""
 
     def __init__(self, default_timeout: float) -> None:
         self._entries: dict[int, _Entry] = {}
+        self.status = StatusTable()
         self._timeout = default_timeout
         self.fatal: str | None = None
 
@@ -46,31 +45,34 @@ class _Side:
         e = self._entries.get(tid)
         if e is None:
             return UNKNOWN_STATUS
-        if self.fatal is not None and not e.state.terminal:
-            e.state, e.reason = S.FAILED, f"loop died: {self.fatal}"
-        if not e.state.terminal and time.monotonic() >= e.deadline:
-            e.state, e.reason = S.TIMED_OUT, f"timed out in fake transport after {self._timeout:g} s"
-        return TransferStatus(e.state, e.reason, e.nbytes)
+        st = self.status.get(tid)
+        if self.fatal is not None and not st.state.terminal:
+            self.status.put(tid, TransferStatus(S.FAILED, f"loop died: {self.fatal}", st.nbytes))
+        elif not st.state.terminal and time.monotonic() >= e.deadline:
+            self.status.put(tid, TransferStatus(S.TIMED_OUT, f"timed out in fake transport after "
+                                                f"{self._timeout:g} s", st.nbytes))
+        return self.status.get(tid)
 
     def wait(self, tid: int, timeout: float) -> TransferStatus:
-        end = time.monotonic() + timeout
-        while not self.poll(tid).state.terminal and time.monotonic() < end:
-            time.sleep(0.001)
-        return self.poll(tid)
+        return self.status.wait(tid, timeout, read=self.poll, step=0.001)  # deadlines move only on poll
+
+    def state(self, tid: int) -> S:
+        return self.status.get(tid).state
 
     def set(self, tid: int, state: S, reason: str = "", nbytes: int = 0) -> None:
-        e = self._entries.get(tid)
-        if e is not None and not e.state.terminal:
-            e.state, e.reason, e.nbytes = state, reason, nbytes
+        if tid in self._entries and not self.state(tid).terminal:
+            self.status.put(tid, TransferStatus(state, reason, nbytes))
 
     def abort(self, tid: int, reason: str = "aborted") -> None:
         self.set(tid, S.ABORTED, reason)
 
     def release(self, tid: int) -> None:
         self._entries.pop(tid, None)
+        self.status.pop(tid)
 
     def close(self) -> None:
-        self._entries.clear()
+        for tid in list(self._entries):
+            self.release(tid)
 
 
 class FakeReceiver(_Side):
@@ -84,7 +86,8 @@ class FakeReceiver(_Side):
         for r in regions:
             self.layout.check_region(r)
         timeout = timeout_s or self._timeout
-        self._entries[transfer_id] = _Entry(S.WAITING, time.monotonic() + timeout, timeout, regions=list(regions))
+        self._entries[transfer_id] = _Entry(time.monotonic() + timeout, timeout, regions=list(regions))
+        self.status.put(transfer_id, TransferStatus(S.WAITING))
 
     def entry(self, tid: int) -> _Entry | None:
         return self._entries.get(tid)
@@ -101,8 +104,11 @@ class FakeSender(_Side):
         for r in regions:
             self.layout.check_region(r)
         timeout = timeout_s or self._timeout
-        e = self._entries.setdefault(transfer_id, _Entry(S.TRANSFERRING, 0.0))
-        if e.state.terminal:
+        e = self._entries.get(transfer_id)
+        if e is None:
+            e = self._entries[transfer_id] = _Entry(0.0)
+            self.status.put(transfer_id, TransferStatus(S.TRANSFERRING))
+        if self.state(transfer_id).terminal:
             return
         # no-progress deadlines, as on the wire: each piece sent refreshes both ends (the real receiver
         # sees its chunks arrive as they are sent; here the bytes move only at `last`)
@@ -144,7 +150,7 @@ class FakeTransport:
         """A piece of `tid` was sent: the receiver's no-progress deadline starts again."""
         rx = self._receivers.get(peer.key())
         e = rx.entry(tid) if rx is not None else None
-        if e is not None and not e.state.terminal and tid not in self._held:
+        if e is not None and not rx.state(tid).terminal and tid not in self._held:
             e.deadline = time.monotonic() + e.timeout_s
 
     def deliver(self, tx: FakeSender, tid: int, peer: PeerInfo, regions: list[Region]) -> None:
@@ -168,7 +174,7 @@ class FakeTransport:
         if rx is None:
             return f"no receiver at {peer.key()}"
         e = rx.entry(tid)
-        if e is None or e.state is not S.WAITING:
+        if e is None or rx.state(tid) is not S.WAITING:
             return f"receiver does not expect transfer {tid}"
         mismatch = rx.layout.mismatch(tx.layout)
         if mismatch:
