@@ -107,7 +107,7 @@ def timed(fn, repeat: int) -> float:
 
 # -- the pre-issue-13 scheduler-thread work -------------------------------------------------------------
 def legacy_ms(case: Case, repeat: int) -> float:
-    from prfaas_sgl.backend.memory import KVMemory, flat
+    from prfaas_sgl.srt.backend.memory import KVMemory, flat
     from prfaas_sgl.transfer.layout import item_regions
 
     args, _ = kv_args(case)
@@ -163,9 +163,9 @@ ROOM_BASE, DECODE_IP, DECODE_PORT = 1000, "127.0.0.1", 5555
 
 def prefill_manager(args, cfg):
     """A real PrefillManager and ZmqSender without SGLang's constructor (as the backend tests build it)."""
-    from prfaas_sgl.backend.admission import Admission, PeerBook
-    from prfaas_sgl.backend.memory import KVMemory
-    from prfaas_sgl.backend.prefill import PrefillManager
+    from prfaas_sgl.srt.backend.admission import Admission, PeerBook
+    from prfaas_sgl.srt.backend.memory import KVMemory
+    from prfaas_sgl.srt.backend.prefill import PrefillManager
     from prfaas_sgl.transfer.sender import ZmqSender
 
     m = object.__new__(PrefillManager)
@@ -184,7 +184,7 @@ def prefill_manager(args, cfg):
 
 
 def _register(m, data_host: str, data_port: int, layout) -> None:
-    from prfaas_sgl.backend import control
+    from prfaas_sgl.srt.backend import control
 
     reg = control.Register(endpoint=DECODE_IP, dst_port=DECODE_PORT, data_host=data_host, data_port=data_port,
                            server_key=None, layout=layout, page_size=m.kv_args.page_size, attn_tp_size=1, tp_rank=0)
@@ -196,7 +196,7 @@ def _register(m, data_host: str, data_port: int, layout) -> None:
 def _open_room(m, room: int, npages: int) -> None:
     from sglang.srt.disaggregation.base.conn import KVPoll
 
-    from prfaas_sgl.backend import control
+    from prfaas_sgl.srt.backend import control
 
     meta = control.Metadata(room=room, endpoint=DECODE_IP, dst_port=DECODE_PORT, npages=npages, aux_index=0,
                             state_indices=[[0]], decode_prefix_len=0, required_dst_info_num=1, is_dummy=False)
@@ -214,7 +214,7 @@ def ours_requests(case: Case, repeat: int, host: str, child, rate: str | None = 
     """`repeat` whole requests (2 chunks; the 36 state slots + aux row with the second) through
     PrefillManager.add_transfer_request to a receiver process (`child`, see serve_receiver) at `host`:
     scheduler-thread ms per chunk, goodput (first call → sender DONE), frames per MiB."""
-    from prfaas_sgl.backend.memory import KVMemory, transfer_id
+    from prfaas_sgl.srt.backend.memory import KVMemory, transfer_id
     from prfaas_sgl.transfer.config import TransferConfig
 
     cfg = TransferConfig(**CFG_KW)
@@ -276,7 +276,7 @@ def scheduler_case(case: Case, repeat: int, child) -> dict:
 def serve_receiver(host: str) -> None:
     """Child process: per case line read from stdin, one ZmqReceiver expecting `repeat` requests; prints
     its port, then one result line per request."""
-    from prfaas_sgl.backend.memory import KVMemory, transfer_id
+    from prfaas_sgl.srt.backend.memory import KVMemory, transfer_id
     from prfaas_sgl.transfer.config import TransferConfig
 
     from prfaas_sgl.transfer.receiver import ZmqReceiver

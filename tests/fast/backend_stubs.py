@@ -18,13 +18,13 @@ pytest.importorskip("sglang", reason="the backend subclasses SGLang's KV manager
 
 from sglang.srt.disaggregation.base.conn import KVPoll  # noqa: E402
 
-from prfaas_sgl.backend import control  # noqa: E402
-from prfaas_sgl.backend.admission import Admission, PeerBook  # noqa: E402
-from prfaas_sgl.backend.decode import DecodeManager  # noqa: E402
-from prfaas_sgl.backend.manager import DataPlaneDead  # noqa: E402
-from prfaas_sgl.backend.memory import KVMemory  # noqa: E402
-from prfaas_sgl.backend.prefill import PrefillManager, _Outgoing  # noqa: E402
-from prfaas_sgl.backend.settings import insecure_problem  # noqa: E402
+from prfaas_sgl.srt.backend import control  # noqa: E402
+from prfaas_sgl.srt.backend.admission import Admission, PeerBook  # noqa: E402
+from prfaas_sgl.srt.backend.decode import DecodeManager  # noqa: E402
+from prfaas_sgl.srt.backend.manager import DataPlaneDead  # noqa: E402
+from prfaas_sgl.srt.backend.memory import KVMemory  # noqa: E402
+from prfaas_sgl.srt.backend.prefill import PrefillManager, _Outgoing  # noqa: E402
+from prfaas_sgl.srt.backend.settings import insecure_problem  # noqa: E402
 from prfaas_sgl.config import PrfaasConfig  # noqa: E402
 from prfaas_sgl.transfer.config import TransferConfig  # noqa: E402
 from prfaas_sgl.transfer.security import generate_keys, register_secret, server_public_key  # noqa: E402
@@ -134,7 +134,7 @@ def _admitted_prefill(keys_dir=None):
 
 
 def control_tid(m):
-    from prfaas_sgl.backend.memory import transfer_id
+    from prfaas_sgl.srt.backend.memory import transfer_id
 
     return transfer_id(ROOM, m.local_ip, m.rank_port)
 

@@ -234,7 +234,7 @@ def test_metadata_of_an_unknown_session_is_refused_without_keys():
 
 
 def test_unstarted_rooms_are_bounded(monkeypatch):
-    import prfaas_sgl.backend.prefill as prefill
+    import prfaas_sgl.srt.backend.prefill as prefill
 
     monkeypatch.setattr(prefill, "MAX_UNSTARTED", 3)
     m, _ = _admitted_prefill()
@@ -257,7 +257,7 @@ def test_peer_ip_is_the_connecting_address():
     """Over TCP from source address 127.0.0.2: the value is the connecting host, not a loopback default."""
     import zmq
 
-    from prfaas_sgl.backend.prefill import _peer_ip
+    from prfaas_sgl.srt.backend.prefill import _peer_ip
 
     ctx = zmq.Context()
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)

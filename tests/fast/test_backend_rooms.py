@@ -90,7 +90,7 @@ def test_prefill_dead_loop_fails_open_rooms():
 
 
 def test_watchdog_stops_an_idle_server(monkeypatch):
-    import prfaas_sgl.backend.manager as manager
+    import prfaas_sgl.srt.backend.manager as manager
 
     monkeypatch.setattr(manager, "_WATCHDOG_S", 0.01)
     m = make_decode(StubReceiver())

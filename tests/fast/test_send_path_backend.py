@@ -14,8 +14,8 @@ pytest.importorskip("sglang", reason="the backend subclasses SGLang's KV manager
 
 from sglang.srt.disaggregation.base.conn import KVPoll  # noqa: E402
 
-from prfaas_sgl.backend import control  # noqa: E402
-from prfaas_sgl.backend.memory import KVMemory, transfer_id  # noqa: E402
+from prfaas_sgl.srt.backend import control  # noqa: E402
+from prfaas_sgl.srt.backend.memory import KVMemory, transfer_id  # noqa: E402
 from prfaas_sgl.transfer.config import TransferConfig  # noqa: E402
 from prfaas_sgl.transfer.receiver import ZmqReceiver  # noqa: E402
 from prfaas_sgl.transfer.sender import ZmqSender  # noqa: E402

@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from prfaas_sgl.backend.tp import head_slice_params, layout_problem, pairing, sources
+from prfaas_sgl.srt.backend.tp import head_slice_params, layout_problem, pairing, sources
 from prfaas_sgl.transfer.config import TransferConfig
 from prfaas_sgl.transfer.items import ItemBatch, Items
 from prfaas_sgl.transfer.layout import BufferSpec, MemoryLayout

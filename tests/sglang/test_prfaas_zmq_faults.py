@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from prfaas_sgl.backend.settings import FAULTS_ENV
+from prfaas_sgl.srt.backend.settings import FAULTS_ENV
 from prfaas_sgl.launch import free_port
 from prfaas_sgl.transfer.security import generate_keys
 
@@ -85,7 +85,7 @@ def test_forged_register_is_refused_and_servers_stay_up(farm, model_paths):
 
     import zmq
 
-    from prfaas_sgl.backend import control
+    from prfaas_sgl.srt.backend import control
     from prfaas_sgl.transfer.layout import MemoryLayout
     from prfaas_sgl.transfer.security import server_public_key
 

@@ -22,7 +22,7 @@ import ipaddress
 import logging
 from dataclasses import dataclass
 
-from prfaas_sgl.backend import control
+from prfaas_sgl.srt.backend import control
 from prfaas_sgl.transfer.config import PeerInfo
 from prfaas_sgl.transfer.security import server_key_problem
 

@@ -17,12 +17,12 @@ from sglang.srt.disaggregation.base.conn import KVPoll
 from sglang.srt.disaggregation.common.conn import ABORT_TAG, AbortNotification
 from sglang.srt.environ import envs
 
-from prfaas_sgl.backend import control
-from prfaas_sgl.backend.admission import Admission, PeerBook
-from prfaas_sgl.backend.manager import PrfaasKVManager
-from prfaas_sgl.backend.memory import index_len, transfer_id
-from prfaas_sgl.backend.tp import Pairing, layout_problem, pairing
-from prfaas_sgl.backend.settings import faults_from_env, offset_port
+from prfaas_sgl.srt.backend import control
+from prfaas_sgl.srt.backend.admission import Admission, PeerBook
+from prfaas_sgl.srt.backend.manager import PrfaasKVManager
+from prfaas_sgl.srt.backend.memory import index_len, transfer_id
+from prfaas_sgl.srt.backend.tp import Pairing, layout_problem, pairing
+from prfaas_sgl.srt.backend.settings import faults_from_env, offset_port
 from prfaas_sgl.transfer.config import PeerInfo
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState, TransferStatus

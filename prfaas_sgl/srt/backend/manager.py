@@ -14,9 +14,9 @@ from sglang.srt.disaggregation.common.conn import CommonKVManager
 from sglang.srt.disaggregation.utils import DisaggregationMode
 
 from prfaas_sgl.srt import flags
-from prfaas_sgl.backend import control
-from prfaas_sgl.backend.memory import KVMemory
-from prfaas_sgl.backend.settings import insecure_problem, transfer_config
+from prfaas_sgl.srt.backend import control
+from prfaas_sgl.srt.backend.memory import KVMemory
+from prfaas_sgl.srt.backend.settings import insecure_problem, transfer_config
 from prfaas_sgl.transfer.security import register_secret
 
 log = logging.getLogger(__name__)
@@ -38,9 +38,9 @@ class PrfaasKVManager(CommonKVManager):
     def __new__(cls, args, disaggregation_mode, *rest, **kw):
         if cls is PrfaasKVManager:
             if disaggregation_mode == DisaggregationMode.PREFILL:
-                from prfaas_sgl.backend.prefill import PrefillManager as cls
+                from prfaas_sgl.srt.backend.prefill import PrefillManager as cls
             elif disaggregation_mode == DisaggregationMode.DECODE:
-                from prfaas_sgl.backend.decode import DecodeManager as cls
+                from prfaas_sgl.srt.backend.decode import DecodeManager as cls
             else:
                 raise ValueError(f"prfaas_zmq: unsupported disaggregation mode {disaggregation_mode}")
         return super().__new__(cls)

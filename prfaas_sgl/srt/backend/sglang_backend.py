@@ -40,6 +40,6 @@ def extend_enum(original: type[enum.Enum]) -> type[enum.Enum]:
 def _around_get_kv_class(original, transfer_backend, class_type, *args, **kwargs):
     if getattr(transfer_backend, "value", transfer_backend) != BACKEND or class_type.value == "kvargs":
         return original(transfer_backend, class_type, *args, **kwargs)
-    from prfaas_sgl.backend.conn import CLASSES
+    from prfaas_sgl.srt.backend.conn import CLASSES
 
     return CLASSES.get(class_type.value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sglang.srt.disaggregation.base.conn import KVPoll, KVTransferDestination
 from sglang.srt.disaggregation.common.conn import CommonKVBootstrapServer, CommonKVReceiver, CommonKVSender
 
-from prfaas_sgl.backend.manager import PrfaasKVManager
+from prfaas_sgl.srt.backend.manager import PrfaasKVManager
 
 
 class PrfaasKVSender(CommonKVSender):

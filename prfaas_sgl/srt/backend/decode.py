@@ -7,11 +7,11 @@ import logging
 
 from sglang.srt.disaggregation.base.conn import KVPoll
 
-from prfaas_sgl.backend import control
-from prfaas_sgl.backend.manager import PrfaasKVManager
-from prfaas_sgl.backend.memory import flat_states, index_len, transfer_id
-from prfaas_sgl.backend.tp import Pairing, pairing
-from prfaas_sgl.backend.settings import faults_from_env, offset_port
+from prfaas_sgl.srt.backend import control
+from prfaas_sgl.srt.backend.manager import PrfaasKVManager
+from prfaas_sgl.srt.backend.memory import flat_states, index_len, transfer_id
+from prfaas_sgl.srt.backend.tp import Pairing, pairing
+from prfaas_sgl.srt.backend.settings import faults_from_env, offset_port
 from prfaas_sgl.transfer.receiver import ZmqReceiver
 
 log = logging.getLogger(__name__)
