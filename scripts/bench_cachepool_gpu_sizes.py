@@ -40,9 +40,11 @@ QUERIES = ("evictable_size", "protected_size", "full_evictable_size", "full_prot
 
 
 def use_code(root: str) -> None:
-    """Import prfaas_sgl.cachepool and prfaas_sgl.cachepool_backend from an extracted tree `root`."""
-    for name, sub in (("prfaas_sgl.cachepool", "cachepool"),
-                      ("prfaas_sgl.cachepool_backend", "prfaas_sgl/cachepool_backend")):
+    """Import prfaas_sgl.cachepool and prfaas_sgl.srt.cachepool_backend from an extracted tree `root`."""
+    # revisions before issue 16 keep the backend at prfaas_sgl/cachepool_backend
+    backend = next(p for p in ("prfaas_sgl/srt/cachepool_backend", "prfaas_sgl/cachepool_backend")
+                   if Path(root, p).is_dir())
+    for name, sub in (("prfaas_sgl.cachepool", "cachepool"), ("prfaas_sgl.srt.cachepool_backend", backend)):
         path = Path(root, sub)
         spec = importlib.util.spec_from_file_location(name, path / "__init__.py",
                                                       submodule_search_locations=[str(path)])
@@ -94,7 +96,7 @@ class Ours:
     def __init__(self, alloc, pool, chunk: int) -> None:
         from types import SimpleNamespace as NS
 
-        from prfaas_sgl.cachepool_backend import cache as backend
+        from prfaas_sgl.srt.cachepool_backend import cache as backend
         params = NS(page_size=1, token_to_kv_pool_allocator=alloc, req_to_token_pool=pool)
         ctx = NS(params=params, server_args=NS(chunked_prefill_size=chunk, disaggregation_mode="null"),
                  is_hybrid_ssm=True, is_hybrid_swa=False, enable_hierarchical_cache=False, disable_radix_cache=False)
@@ -311,7 +313,7 @@ def main() -> None:
     result = {"args": {k: v for k, v in vars(a).items() if k not in ("worker", "code")},
               "loadavg_start": os.getloadavg(), "runs": []}
     with tempfile.TemporaryDirectory() as base:
-        archive = subprocess.run(["git", "archive", a.base_rev, "cachepool", "prfaas_sgl/cachepool_backend"],
+        archive = subprocess.run(["git", "archive", a.base_rev, "cachepool", "prfaas_sgl"],
                                  cwd=ROOT, check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", base], input=archive, check=True)
         for n in a.kv_tokens:

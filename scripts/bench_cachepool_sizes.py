@@ -23,7 +23,7 @@ from types import SimpleNamespace as NS
 
 import torch
 
-from prfaas_sgl.cachepool_backend import cache as backend
+from prfaas_sgl.srt.cachepool_backend import cache as backend
 
 QUERIES = ("evictable_size", "protected_size", "mamba_evictable_size", "mamba_protected_size")
 

@@ -59,9 +59,9 @@ def _prfaas_requested(argv: list[str]) -> bool:
 
 
 def _install_cache_backend(HookRegistry, HookType) -> None:
-    """`--radix-cache-backend prfaas_hybrid` (prfaas_sgl.cachepool_backend); inert unless selected."""
+    """`--radix-cache-backend prfaas_hybrid` (prfaas_sgl.srt.cachepool_backend); inert unless selected."""
     try:
-        from prfaas_sgl import cachepool_backend
+        from prfaas_sgl.srt import cachepool_backend
     except ImportError as e:
         log.debug("prfaas_hybrid cache backend unavailable: %s", e)
         return

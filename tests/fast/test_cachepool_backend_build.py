@@ -8,8 +8,8 @@ from types import SimpleNamespace as NS
 import pytest
 import torch
 
-from prfaas_sgl.cachepool_backend import cache as backend
-from prfaas_sgl.cachepool_backend.mirror import Insert
+from prfaas_sgl.srt.cachepool_backend import cache as backend
+from prfaas_sgl.srt.cachepool_backend.mirror import Insert
 
 
 def _ctx(mode: str = "null", disable_radix_cache: bool = False, chunk: int | None = 64):

@@ -22,8 +22,8 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParam
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from prfaas_sgl.cachepool.hashing import block_hashes
-from prfaas_sgl.cachepool_backend import cache as backend
-from prfaas_sgl.cachepool_backend.mirror import Mirror
+from prfaas_sgl.srt.cachepool_backend import cache as backend
+from prfaas_sgl.srt.cachepool_backend.mirror import Mirror
 
 KV, STATES, ROWS, CHUNK = 640, 10, 4, 32  # slots, Mamba slots, request rows, checkpoint interval
 PREFIXES = [list(range(1000, 1200)), list(range(5000, 5200))]
@@ -198,7 +198,7 @@ def test_mirror_frees_removed_slots_before_a_reused_block_is_stored():
     freed: list = []
     m = Mirror(2, 4, torch.device("cpu"), block_of=lambda h: 3, free_kv=freed.append, free_state=freed.append)
     from prfaas_sgl.cachepool import BlockRemoved, BlockStored
-    from prfaas_sgl.cachepool_backend.mirror import Insert
+    from prfaas_sgl.srt.cachepool_backend.mirror import Insert
     m.apply([BlockStored([11], None, [0, 0], 2, None, group="full")], Insert(torch.tensor([7, 8]), {11: 0}))
     m.apply([BlockRemoved([11], group="full"), BlockStored([12], None, [1, 1], 2, None, group="full")],
             Insert(torch.tensor([5, 6]), {12: 0}))

@@ -1,4 +1,4 @@
-"""HybridCachePool.evict_lru(): the public eviction step the SGLang backend (prfaas_sgl.cachepool_backend)
+"""HybridCachePool.evict_lru(): the public eviction step the SGLang backend (prfaas_sgl.srt.cachepool_backend)
 drives when SGLang's own allocator runs dry; it must evict LRU entries in release order, emit
 BlockRemoved, and stop at pinned entries."""
 from __future__ import annotations

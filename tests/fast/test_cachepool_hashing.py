@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from prfaas_sgl.cachepool import GroupSpec, HybridCachePool, PoolConfig
 from prfaas_sgl.cachepool import hashing
 from prfaas_sgl.cachepool.hashing import block_hashes, extend_hashes
-from prfaas_sgl.cachepool_backend import hashes as memo_mod
-from prfaas_sgl.cachepool_backend.hashes import HashMemo
+from prfaas_sgl.srt.cachepool_backend import hashes as memo_mod
+from prfaas_sgl.srt.cachepool_backend.hashes import HashMemo
 
 TOKENS = st.lists(st.integers(0, 2**32 - 1), max_size=200)
 
