@@ -35,7 +35,7 @@ def install() -> None:
     _install_transfer_backend(HookRegistry, HookType)
     _install_cache_backend(HookRegistry, HookType)
     if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
-        from prfaas_sgl.cpu import fixes
+        from prfaas_sgl.srt.cpu import fixes
 
         fixes.install(HookRegistry, HookType)
 

@@ -1,4 +1,4 @@
-"""The Kimi Linear CPU fixes (`prfaas_sgl.cpu.kda_fixes`) against SGLang 0.5.23's own code.
+"""The Kimi Linear CPU fixes (`prfaas_sgl.srt.cpu.kda_fixes`) against SGLang 0.5.23's own code.
 
 Importing SGLang's KDA backend takes ~15 s of CPU, too slow here, so the tests run SGLang's real source
 text: `kda_triton.py` executed whole as it executes on CPU (imports of sglang modules served by small
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from prfaas_sgl.cpu import kda_fixes
 from prfaas_sgl.kernels.conv1d.naive import naive_causal_conv1d_fwd, naive_causal_conv1d_update
 from prfaas_sgl.kernels.kda.naive import naive_chunk_kda, naive_fused_sigmoid_gating_delta_rule_update
-from prfaas_sgl.kernels.sgl_ops import causal_conv1d_update_cpu
+from prfaas_sgl.srt.cpu import kda_fixes
+from prfaas_sgl.srt.cpu.sgl_ops import causal_conv1d_update_cpu
 
 SGLANG = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])  # finds, does not import
 LINEAR = SGLANG / "srt/layers/attention/linear"

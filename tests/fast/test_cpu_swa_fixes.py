@@ -1,4 +1,4 @@
-"""The sliding-window hybrid CPU fixes (`prfaas_sgl.cpu.swa_fixes`) against SGLang 0.5.23's own
+"""The sliding-window hybrid CPU fixes (`prfaas_sgl.srt.cpu.swa_fixes`) against SGLang 0.5.23's own
 `torch_native_backend.py`, executed whole with small stand-ins for its sglang imports (importing SGLang
 takes ~15 s of CPU). A batch of MiMo-V2-Flash-shaped layers (GQA, v_head_dim < head_dim, window 3) runs a
 chunked prefill after a cached prefix, next to a fresh request, then a decode step, over a hybrid pool
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from prfaas_sgl.cpu import swa_fixes
 from prfaas_sgl.kernels.sink_attention.naive import naive_sink_attention
+from prfaas_sgl.srt.cpu import swa_fixes
 
 SGLANG = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])  # finds, does not import
 TORCH_NATIVE = SGLANG / "srt/layers/attention/torch_native_backend.py"

@@ -24,10 +24,10 @@ def test_shim_serves_our_ops_and_names_missing_ones():
     out = run("""
         import importlib.util, torch
         import sgl_kernel
-        from prfaas_sgl.cpu.shim import shim_active
+        from prfaas_sgl.srt.cpu.shim import shim_active
         assert shim_active()
         from sgl_kernel.mamba import causal_conv1d_fn_cpu
-        from prfaas_sgl.kernels import sgl_ops
+        from prfaas_sgl.srt.cpu import sgl_ops
         assert causal_conv1d_fn_cpu is sgl_ops.MAMBA_OPS["causal_conv1d_fn_cpu"]
         from sgl_kernel.scalar_type import scalar_types   # real pure-Python submodule
         assert scalar_types.uint4b8 is not None
@@ -52,7 +52,7 @@ def test_real_package_wins_when_it_loads(tmp_path):
     (pkg / "__init__.py").write_text("REAL = True\n")
     out = run("""
         import sgl_kernel
-        from prfaas_sgl.cpu.shim import shim_active
+        from prfaas_sgl.srt.cpu.shim import shim_active
         print(getattr(sgl_kernel, "REAL", False), shim_active())
     """, env_path=str(tmp_path))
     assert out.returncode == 0, out.stderr

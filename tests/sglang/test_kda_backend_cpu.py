@@ -17,9 +17,9 @@ import json, types, torch
 from sglang.srt.layers.attention.linear import kda_backend as kb
 from sglang.srt.layers.attention.linear.kernels import kda_triton
 from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend as LB
-from prfaas_sgl.cpu import kda_fixes
 from prfaas_sgl.kernels.conv1d.naive import naive_causal_conv1d_fwd, naive_causal_conv1d_update
 from prfaas_sgl.kernels.kda.naive import naive_chunk_kda, naive_fused_sigmoid_gating_delta_rule_update
+from prfaas_sgl.srt.cpu import kda_fixes
 
 kda_fixes.kda_kernels_on_cpu(lambda self: None, None)  # the hook body, minus SGLang's __init__
 assert kda_triton.chunk_kda.__module__ == "prfaas_sgl.kernels.kda.cpu"

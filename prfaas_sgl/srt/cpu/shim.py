@@ -5,7 +5,7 @@ PyPI's `sglang-kernel` is CUDA-only: importing it without a driver fails, yet SG
 below is installed at interpreter start (from `prfaas_sgl_boot.pth`) and stays inert until something imports
 `sgl_kernel`. Then it first tries the real package; only if that raises does it serve stand-in modules:
 
-- names we implement (from `prfaas_sgl.kernels.sgl_ops`) are real pure-torch functions;
+- names we implement (`sgl_ops`, placed by `ops_table`) are real pure-torch functions;
 - every other name imports fine but raises `NotImplementedError` naming the op when called, because SGLang
   imports many ops it never calls on CPU.
 
@@ -27,28 +27,14 @@ ENV_SWITCH = "PRFAAS_SGL_KERNEL_SHIM"
 PURE_SUBMODULES = ("scalar_type",)
 
 
-class MissingOp:
-    """Placeholder for an op SGLang imports but we do not implement; calling it says which one."""
-
-    def __init__(self, qualname: str):
-        self.qualname = qualname
-
-    def __call__(self, *args, **kwargs):
-        raise NotImplementedError(
-            f"{self.qualname} is not available: the real sgl_kernel could not load (no CUDA), and "
-            f"prfaas_sgl's CPU stand-in does not implement this op"
-        )
-
-    def __repr__(self) -> str:
-        return f"<prfaas_sgl missing op {self.qualname}>"
-
-
 class ShimModule(types.ModuleType):
     """A package-like module whose unknown attributes are `MissingOp`s (dunders stay AttributeErrors)."""
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
+        from prfaas_sgl.srt.cpu.ops_table import MissingOp
+
         op = MissingOp(f"{self.__name__}.{name}")
         setattr(self, name, op)
         return op
@@ -61,7 +47,9 @@ class _ShimLoader(importlib.abc.Loader):
     def exec_module(self, module):
         module.__path__ = []  # a package, so `sgl_kernel.<sub>` imports come back to the finder
         module.__prfaas_shim__ = True
-        from prfaas_sgl.cpu import ops_table
+        # imported here, not at the top: this module loads at every interpreter start (boot .pth), the table
+        # only when something imports sgl_kernel without a working real one
+        from prfaas_sgl.srt.cpu import ops_table
 
         ops_table.populate(module)
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from prfaas_sgl.kernels import sgl_ops
 from prfaas_sgl.kernels.conv1d.naive import naive_causal_conv1d_fwd
 from prfaas_sgl.kernels.gdn.naive import naive_chunk_gated_delta_rule
+from prfaas_sgl.srt.cpu import sgl_ops
 
 NAMESPACE = "prfaas_sgl_kernels_test"  # scratch namespace: the real `sgl_kernel` one is the shim's
 

@@ -1,6 +1,7 @@
 """Public tables of pure-torch stand-ins for the CPU-only `sgl_kernel` ops SGLang 0.5.23 calls.
 
-prfaas_sgl/cpu/shim.py installs them; nothing here touches sglang or torch.library by itself.
+`ops_table` places them in the `sgl_kernel` stand-in (`shim`); nothing here touches sglang or torch.library
+by itself.
 
 - `MAMBA_OPS`: attributes of the `sgl_kernel.mamba` module. SGLang calls these Python functions
   directly (`layers/attention/linear/gdn_backend.py`, `kernels/gdn_triton.py`, `kda_backend.py`)

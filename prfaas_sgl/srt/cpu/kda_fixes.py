@@ -44,7 +44,7 @@ def kda_kernels_on_cpu(original, self, *args, **kwargs):
 def patch_kda_modules(kda_triton, kda_backend) -> None:
     """Idempotent. kda_triton / kda_backend: the two SGLang modules (or stand-ins with their globals)."""
     from prfaas_sgl.kernels.kda import cpu as kda_cpu
-    from prfaas_sgl.kernels.sgl_ops import causal_conv1d_fn_cpu
+    from prfaas_sgl.srt.cpu.sgl_ops import causal_conv1d_fn_cpu
 
     if getattr(kda_triton, "chunk_kda", None) is kda_cpu.chunk_kda_cpu:
         return

@@ -18,10 +18,10 @@ def install(HookRegistry, HookType) -> None:
     HookRegistry.register(
         "sglang.srt.models.qwen3_next.Qwen3GatedDeltaNet.__init__", qwen3_next_current_device, HookType.AROUND
     )
-    from prfaas_sgl.cpu import kda_fixes  # Kimi Linear: KDA kernels, its sigmoid output norm, MLA on torch_native
+    from prfaas_sgl.srt.cpu import kda_fixes  # Kimi Linear: KDA kernels, its sigmoid output norm, MLA on torch_native
 
     kda_fixes.install(HookRegistry, HookType)
-    from prfaas_sgl.cpu import swa_fixes  # MiMo-V2-Flash: attention sinks and SWA-pool reads on torch_native
+    from prfaas_sgl.srt.cpu import swa_fixes  # MiMo-V2-Flash: attention sinks and SWA-pool reads on torch_native
 
     swa_fixes.install(HookRegistry, HookType)
 
