@@ -58,12 +58,14 @@ def _router_host(dep: Deployment) -> str:
     return same[0] if same else str(machine or "127.0.0.1")
 
 
-def _transport_target(dep: Deployment, s: ServerEntry) -> tuple[str, str | None] | None:
-    """(address, warning) of a server's prfaas_zmq stats server, or None if it runs none."""
+def _transport_targets(dep: Deployment, s: ServerEntry) -> tuple[list[str], str | None]:
+    """(addresses, warning) of a server's prfaas_zmq stats servers: none on a decode (only the sending side
+    runs one), else one per TP rank, on the flag's port + rank (srt/backend/settings.offset_port)."""
     args = dep.server_args + s.args
     port = _flag(args, "--prfaas-zmq-stats-port")
-    if port is None:
-        return None
+    if port is None or s.mode == "decode" or not int(port):
+        return [], None
+    ranks = int(_flag(args, "--tp-size") or _flag(args, "--tp") or 1)
     host = _flag(args, "--prfaas-zmq-stats-host") or "127.0.0.1"
     if host in WILDCARDS:
         host = s.host
@@ -71,7 +73,7 @@ def _transport_target(dep: Deployment, s: ServerEntry) -> tuple[str, str | None]
     if is_loopback(host) and not is_loopback(s.host):
         warn = (f"{s.name}: stats server binds {host}: only a Prometheus on machine {s.machine} reaches it "
                 "(add --prfaas-zmq-stats-host)")
-    return _addr(host, port), warn
+    return [_addr(host, int(port) + rank) for rank in range(ranks)], warn
 
 
 def _group(address: str, **labels: str) -> dict:
@@ -90,10 +92,9 @@ def targets(dep: Deployment) -> tuple[dict[str, list[dict]], list[str]]:
         jobs["prfaas-sglang"].append(_group(_addr(s.host, s.port), **labels))
         if "--enable-metrics" not in dep.server_args + s.args:
             warnings.append(f"{s.name}: no --enable-metrics, so SGLang serves no /metrics (its target reads down)")
-        transport = _transport_target(dep, s)
-        if transport is not None:
-            jobs["prfaas-transport"].append(_group(transport[0], **labels))
-            warnings += [transport[1]] if transport[1] else []
+        addresses, warn = _transport_targets(dep, s)
+        jobs["prfaas-transport"] += [_group(a, **labels) for a in addresses]
+        warnings += [warn] if warn else []
     seen = {g["targets"][0] for g in jobs["prfaas-transport"]}
     for url in str(dep.router.get("transport_stats_url", "")).split(","):
         netloc = urlsplit(url.strip()).netloc

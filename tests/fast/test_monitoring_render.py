@@ -26,9 +26,12 @@ def test_example_deployment_targets_its_router_and_every_server(tmp_path):
     assert [t for t, _ in jobs["prfaas-sglang"]] == ["10.20.0.11:30000", "10.20.0.12:30000", "10.10.0.11:30000",
                                                     "10.10.0.12:30000", "10.10.0.13:30000"]
     assert jobs["prfaas-sglang"][1][1] == {"machine": "remote-b", "pool": "prfaas", "server": "prfaas-1"}
-    assert "prfaas-transport" not in jobs  # mooncake on GPUs: no prfaas_zmq stats servers
+    # prfaas_zmq stats servers: only on the three prefills (a decode runs none), one per TP rank (tp 8,
+    # port 9400 + rank); decode targets would read down forever
+    transport = [t for t, _ in jobs["prfaas-transport"]]
+    assert transport == [f"{h}:{9400 + r}" for h in ("10.20.0.11", "10.20.0.12", "10.10.0.11") for r in range(8)]
     text = (tmp_path / "prometheus.yml").read_text()
-    assert text.count("no --enable-metrics") == 5  # the file's servers would read down: said in the header
+    assert "no --enable-metrics" not in text and "# warning" not in text  # every target answers
     assert (tmp_path / "prfaas-alerts.yml").read_text() == RULES.read_text()
     assert yaml.safe_load(text)["rule_files"] == ["prfaas-alerts.yml"]
 
