@@ -54,9 +54,14 @@ def deployment(link: DemoLink, model: str, backend: str, threshold: int, link_mb
     """`keys_dir` (made by `prfaas keys`): CURVE and an authenticated Register on the data plane, which
     prfaas_zmq requires once the link's routable addresses are used."""
     boot_remote, boot_local = free_port(), free_port()
+    # The remote prefill's transport serves its link counters (bound to its side of the link, so the router
+    # and Prometheus in the local namespace reach it): the router's link telemetry and the dashboard's
+    # prfaas_transfer_* panels then read the bytes that really crossed the link.
+    stats = (("--prfaas-zmq-stats-port", str(free_port()), "--prfaas-zmq-stats-host", link.remote_ip)
+             if backend == "prfaas_zmq" else ())
     servers = (
         ServerEntry("prfaas-0", "demo", "prfaas", link.remote_ip, free_port(), boot_remote, link.netns,
-                    ("--prfaas-role", "remote")),
+                    ("--prfaas-role", "remote", *stats)),
         ServerEntry("local-prefill-0", "demo", "local_prefill", "127.0.0.1", free_port(), boot_local, None,
                     ("--prfaas-role", "local")),
         ServerEntry("local-prefill-1", "demo", "local_prefill", "127.0.0.1", free_port(), free_port(), None,
@@ -71,6 +76,8 @@ def deployment(link: DemoLink, model: str, backend: str, threshold: int, link_mb
         "state_bytes": float(STATE_BYTES), "link_gbps": link_mbit / 1000.0, "context_length": 8192,
         "loads_interval_s": 0.5, "health_interval_s": 2.0, "controller_interval_s": CONTROLLER_S,
     }
+    if stats:
+        router["transport_stats_url"] = f"http://{link.remote_ip}:{stats[1]}/stats"
     keys = ("--prfaas-zmq-curve-keys", keys_dir) if keys_dir and backend == "prfaas_zmq" else ()
     return Deployment(model=model, servers=servers, router=router, transfer_backend=backend, device="cpu",
                       server_args=keys)
