@@ -1,6 +1,6 @@
 """The plugin's one frozen config per SGLang process, and the `--prfaas-*` flags generated from it.
 
-No sglang import here: the flags are added to SGLang's parser by `compat`, and the parsed values travel
+No sglang import here: the flags are added to SGLang's parser by `prfaas_sgl.srt.flags`, and the parsed values travel
 into SGLang's subprocesses as one `PrfaasConfig` stored on the (pickled) server-args record.
 """
 from __future__ import annotations
