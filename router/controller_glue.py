@@ -115,5 +115,10 @@ def close_loop(router: Any, actuator_factory: Any, decide: DecideConfig = Decide
         raise ValueError("close_loop: start the router with a controller (--controller planner or controller=...)")
     acting = ActingController(router.core.controller, SplitDecider(decide), None, router.metrics)
     acting.actuator = actuator_factory(router.cluster, acting.record)
+    # The planner was sized from the router's server lists at start-up; the actuator knows what really runs
+    # (k8s: the StatefulSets' replicas may differ from the lists), so the first threshold fits that split.
+    if hasattr(acting.inner, "resize"):
+        current = acting.actuator.current()
+        acting.inner.resize((current.prefill, current.decode))
     router.core.controller = acting
     return acting

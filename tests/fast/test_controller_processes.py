@@ -195,3 +195,34 @@ def test_closed_loop_from_controller_tick_to_metrics(tmp_path):
                     'reason="more_decode"} 1.0') in text
             assert acting.actuator.current() == Split(1, 2)
     asyncio.run(body())
+
+
+class Sized(Recommends):
+    """A controller that records the split it is sized for (the planner's ``resize``)."""
+
+    def __init__(self, rec: tuple[int, int]) -> None:
+        super().__init__(rec)
+        self.split: tuple[int, int] | None = None
+
+    def resize(self, split: tuple[int, int]) -> None:
+        self.split = split
+
+
+class FixedActuator:
+    name = "fixed"
+
+    def __init__(self, split: Split) -> None:
+        self.split = split
+
+    def current(self) -> Split:
+        return self.split
+
+
+def test_close_loop_sizes_the_planner_from_what_the_actuator_runs(tmp_path):
+    async def body():
+        async with rig(tmp_path) as r:
+            router = r.router.router
+            inner = router.core.controller = Sized((1, 2))
+            close_loop(router, lambda cluster, report: FixedActuator(Split(3, 4)))
+            assert inner.split == (3, 4)  # not the router's lists: what the actuator says runs
+    asyncio.run(body())
