@@ -7,7 +7,7 @@ ABORTED / TIMED_OUT with a reason. Only the connection that opened a transfer ma
 in `refusal_counts()`, logged, answered with `Failed`. After `release()` returns, nothing more is written.
 
 Destinations are byte `Region`s of host buffers (scattered with memcpy), or an `ItemBatch` (the staged
-path of issue 13, any device: `staging.Lander` writes each verified chunk with index_copy_, on a copy
+path of issue 13, any device: `landing.Lander` writes each verified chunk with index_copy_, on a copy
 stream for device pools; Done waits until those copies completed, and release() waits for them too).
 
 Pieces: `recv_gate.py` (who may speak), `recv_checks.py` (what may be written: pure), `recv_book.py`
@@ -58,7 +58,7 @@ class ZmqReceiver(SocketLoop):
                        for spec, buf, dev in zip(layout.buffers, self._buffers, self._devices)]
         if len(self._buffers) != len(layout.buffers):
             raise ValueError(f"{len(buffers)} buffers given for a layout of {len(layout.buffers)}")
-        self._lander: Any = None  # staging.Lander, made at the first ItemBatch (torch loads only then)
+        self._lander: Any = None  # landing.Lander, made at the first ItemBatch (torch loads only then)
         self._settling: dict[int, InTransfer] = {}  # complete on the wire, device copies still running
         self._slow = F.find(faults, F.SlowReceiver)
         self._book = RecvBook(cfg, self._send)
@@ -163,7 +163,8 @@ class ZmqReceiver(SocketLoop):
 
     def _landing(self) -> Any:
         if self._lander is None:
-            from prfaas_sgl.transfer.staging import Lander, Pools
+            from prfaas_sgl.transfer.landing import Lander
+            from prfaas_sgl.transfer.staging import Pools
 
             pools = Pools(self.layout, self._buffers, self._devices)
             lander = Lander(pools, self.cfg.chunk_bytes, self.cfg.stage_slots)
