@@ -66,10 +66,13 @@ class FullAttentionManager(GroupManager):
 
     def _cache_full_blocks(self, st: PagedState, hashes: list[int], token_ids: list[int], upto: int) -> None:
         """Index table[committed:upto]. A hash already cached by another request keeps the other
-        copy; ours stays private and is freed with the request."""
+        copy (ours stays private and is freed with the request), and that copy counts as used now:
+        otherwise a prompt re-sent after its chain lost a block keeps its surviving entries at their
+        old LRU place, they are evicted next, and the prompt ends up with no usable prefix at all."""
         index, start, table = self.index, st.committed, st.table
         owner, owner_hash = self.pool.owner, self.pool.owner_hash
         stored: list[int] = []
+        kept: list[int] = []
         for i in range(start, upto):
             h = hashes[i]
             if h not in index:
@@ -78,6 +81,10 @@ class FullAttentionManager(GroupManager):
                 owner[b] = self
                 owner_hash[b] = h
                 stored.append(i)
+            else:
+                kept.append(index[h])
+        if kept:
+            self.pool.touch(kept[::-1])  # tails first, as a release would order them
         st.committed = max(start, upto)
         if stored and self.events.enabled:
             self._emit_stored(stored, hashes, token_ids)

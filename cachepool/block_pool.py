@@ -114,6 +114,13 @@ class BlockPool:
         if run:
             idle[run_owner] -= run  # type: ignore[index]
 
+    def touch(self, blocks: list[int]) -> None:
+        """A cached entry a request just recomputed (past a gap in its hit, so it was not a hit): it
+        counts as used now. Idle blocks move to the LRU's recent end, in the order given (tails first);
+        referenced ones are unchanged."""
+        self.incref(blocks)
+        self.decref(blocks)
+
     def decref(self, blocks: list[int]) -> None:
         """Drop a reference on each block, in the order given: the first to reach 0 is evicted
         first, so callers pass tails before prefixes."""

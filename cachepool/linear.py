@@ -101,6 +101,8 @@ class LinearStateManager(GroupManager):
             h = hashes[b - 1]
             if h not in self.index:
                 self._store(h, blocks, hashes, token_ids, b)
+            else:
+                self.pool.touch(self.index[h])  # the cached copy counts as used now (see attention.py)
             self.pool.decref(blocks)  # cached -> idle LRU; a duplicate -> free
         st.committed = max(st.committed, upto)
 

@@ -161,8 +161,10 @@ def test_burst_exhausting_both_pools_waits_and_stays_consistent(farm, model_path
     _, errors, kv, _ = _log_facts(farm, "decode")
     assert errors == 0 and max(kv) <= 2048 // BS
     # the index still serves after eviction. Which burst prompt survived LRU depends on the order the five
-    # concurrent requests were scheduled in (CI saw the last one evicted), so re-send one prompt: that
-    # inserts it freshest on both sides, and the next send of it must hit on both sides.
+    # concurrent requests were scheduled in (CI saw the last one evicted), so re-send one prompt: that makes
+    # its whole chain the freshest on both sides — the entries it recomputes past a gap included, which
+    # before kept their old LRU place and were evicted next (CI: 0 cached tokens on both re-sends) — and
+    # the next send of it must hit on both sides.
     for _ in range(2):
         again = _pd(farm, prompts[-1])
         assert again["output_ids"] == outs[-1]["output_ids"]
