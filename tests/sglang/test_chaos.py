@@ -1,6 +1,6 @@
 """The fault campaign at CI size (prfaas_sgl.chaos, preset CI; the full run is scripts/chaos.py): the router
 and four real prfaas_zmq PD servers (remote prefill behind an emulated link, local prefill, two decodes)
-serve 50 seeded requests over 4 minutes, short (local route) and long (remote route), while the remote prefill, the local
+serve 50 seeded requests, short (local route) and long (remote route), while the remote prefill, the local
 prefill and one decode are killed -9 and restarted and the link drops to zero for a few seconds.
 
 Every request must end within the stated bound with the colocated server's greedy tokens or a clear
