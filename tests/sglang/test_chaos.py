@@ -52,13 +52,13 @@ def test_both_routes_served_correct_tokens_under_faults(campaign):
 def test_every_fault_ran_and_every_killed_server_came_back(campaign):
     faults = campaign["faults"]
     assert len(faults) == CI.schedule_spec().n_events
-    timeline = campaign["timeline_s"]
-    load_end = timeline["load_done"] - timeline["t0"]  # fault times are relative to t0
     for f in faults:
         assert "restart_error" not in f, f
-        # A fault waits up to 30 s for a request in flight (runner.until_load); only one pushed past the load's
-        # end by restarts may meet none, and it still tests recovery.
-        if f["ran_at_s"] + 30 < load_end:
+        # A fault waits up to 30 s for a request in flight (runner.until_load). One that restarts pushed past
+        # the last arrival (fault times and arrivals are relative to t0; arrivals end by span_s) may meet none:
+        # on 2 cores a restart takes up to ~4 min, and the runner delays a fault while its target restarts.
+        # It still tests recovery, and at least one fault must meet requests (below).
+        if f["ran_at_s"] + 30 < CI.span_s:
             assert f["inflight"] > 0, f"fault met no request in flight (it tested only recovery): {f}"
         if f["kind"] == "kill":
             assert f["healthy_at_s"] > f["ran_at_s"], f
