@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from prfaas_sgl.launch import ManagedProcess, SGLangServer, ServerSpec, free_port
+from prfaas_sgl.launch import ManagedProcess, SGLangServer, ServerSpec, free_port, stop_together
 from prfaas_sgl.netns import BURST, Link
 
 from .config import CampaignConfig
@@ -107,8 +107,7 @@ class Fleet:
         self.servers[name].stop(grace_s=3.0)
 
     def stop_all(self) -> None:
-        for srv in self.servers.values():
-            srv.stop(grace_s=3.0)
+        stop_together(list(self.servers.values()), grace_s=3.0)
 
 
 def set_link_rate(link: Link, rate: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from prfaas_sgl.launch import SGLangServer, ServerSpec, free_port
+from prfaas_sgl.launch import SGLangServer, ServerSpec, free_port, stop_together
 from prfaas_sgl.models.tiny import ensure
 
 HYBRID = "tiny-qwen35-hybrid"
@@ -39,8 +39,7 @@ class Farm:
         return self.servers[name]
 
     def stop(self) -> None:
-        for srv in self.servers.values():
-            srv.stop()
+        stop_together(list(self.servers.values()))
 
 
 def spec(log_dir: Path, name: str, model: str, **kw) -> ServerSpec:
