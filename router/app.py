@@ -74,6 +74,9 @@ class Router:
                 sub = KVEventSubscriber(self.zmq_ctx, inst.spec.kv_events, inst.index)
                 sub.start()
                 self.subscribers.append(sub)
+        # Instances start unknown (out of rotation): probe them before anything routes, so servers that are up
+        # serve the first request and one that is down never sees it.
+        await check_health(self.cluster, self.session)
         self.tasks += [asyncio.create_task(poll_loads(self.cluster, self.session), name="loads"),
                        asyncio.create_task(health_loop(self.cluster, self.session), name="health"),
                        asyncio.create_task(self._controller_loop(), name="controller")]
@@ -221,13 +224,11 @@ class RouterHandle:
         await self.router.close()
 
 
-async def start_router(cfg: RouterConfig, controller: Any = None, seed: int | None = None,
-                       check_health_first: bool = False) -> RouterHandle:
-    """Start a router on the running loop; returns once it accepts connections."""
+async def start_router(cfg: RouterConfig, controller: Any = None, seed: int | None = None) -> RouterHandle:
+    """Start a router on the running loop; returns once it accepts connections, its servers probed once (those
+    that answered /health are in rotation, the others join at their first passing probe)."""
     router = Router(cfg, controller if controller is not None else build_controller(cfg), seed)
     await router.start()
-    if check_health_first:
-        await check_health(router.cluster, router.session)
     # handler_cancellation: a client that leaves cancels its handler, and so its attempt; the servers see the
     # connection close and abort the request (aiohttp >= 3.9 otherwise runs the handler to completion).
     runner = web.AppRunner(router.app(), access_log=None, handle_signals=False, handler_cancellation=True)

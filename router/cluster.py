@@ -31,7 +31,7 @@ class Instance:
     spec: InstanceSpec
     pool: Pool
     index: ApproxIndex | ExactIndex
-    healthy: bool = True
+    healthy: bool = False  # True only after a /health probe passed: a server never reached gets no traffic
     draining: bool = False  # leaving its pool (role switch): no new work, in-flight requests finish
     failed_probes: int = 0  # consecutive /health failures
     server_queued_tokens: int = 0  # /v1/loads: waiting uncached tokens (prefill) or used tokens (decode)
@@ -136,6 +136,19 @@ class Cluster:
 
     def pool(self, pool: Pool) -> list[Instance]:
         return [i for i in self.instances.values() if i.pool == pool]
+
+    def probed(self, name: str, ok: bool) -> None:
+        """Fold one /health probe of ``name`` (passed or not) into its ``healthy``; logs changes."""
+        inst = self.instances[name]
+        # A CPU/GPU-saturated SGLang server can miss one probe while it computes a long prefill; only a
+        # run of failures takes it out of rotation. A request that fails takes it out at once (mark_unhealthy).
+        inst.failed_probes = 0 if ok else inst.failed_probes + 1
+        healthy = ok or (inst.healthy and inst.failed_probes < self.cfg.unhealthy_after)
+        if healthy != inst.healthy:
+            log.warning("instance %s (%s) is now %s", name, inst.spec.url, "healthy" if healthy else "UNHEALTHY")
+        elif not ok and not healthy and inst.failed_probes == 1:
+            log.warning("instance %s (%s) does not answer /health: no traffic until it does", name, inst.spec.url)
+        inst.healthy = healthy
 
     def drain(self, name: str) -> None:
         """Route no new work to ``name``; requests already sent there run to their end (``inflight``)."""
@@ -319,7 +332,10 @@ def poll_recovered(cluster: Cluster, kind: str, who: str) -> None:
 
 
 async def check_health(cluster: Cluster, session: aiohttp.ClientSession) -> None:
-    """One round of ``GET /health`` on every instance; flips ``healthy`` both ways and logs changes."""
+    """One round of ``GET /health`` on every instance; flips ``healthy`` both ways and logs changes.
+
+    An instance starts out of rotation (unknown) and enters it at its first passing probe: the router runs one
+    round before it listens (``Router.start``), so servers that are up serve the first request."""
     timeout = cluster.cfg.health_timeout_s
     insts = list(cluster.instances.values())
 
@@ -331,13 +347,7 @@ async def check_health(cluster: Cluster, session: aiohttp.ClientSession) -> None
             return False
 
     for inst, ok in zip(insts, await asyncio.gather(*(probe(i) for i in insts))):
-        # A CPU/GPU-saturated SGLang server can miss one probe while it computes a long prefill; only a
-        # run of failures takes it out of rotation. A request that fails takes it out at once (mark_unhealthy).
-        inst.failed_probes = 0 if ok else inst.failed_probes + 1
-        healthy = ok or (inst.healthy and inst.failed_probes < cluster.cfg.unhealthy_after)
-        if healthy != inst.healthy:
-            log.warning("instance %s (%s) is now %s", inst.name, inst.spec.url, "healthy" if healthy else "UNHEALTHY")
-        inst.healthy = healthy
+        cluster.probed(inst.name, ok)
 
 
 async def health_loop(cluster: Cluster, session: aiohttp.ClientSession) -> None:

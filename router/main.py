@@ -13,7 +13,7 @@ from .config import RouterConfig, parse_config
 
 
 async def serve(cfg: RouterConfig) -> None:
-    handle = await start_router(cfg, check_health_first=True)
+    handle = await start_router(cfg)
     admin = "bearer token" if cfg.admin_token else "open (loopback listener)" if cfg.admin_open else "disabled"
     logging.getLogger(__name__).info("router listening on %s (policy=%s, t=%d, /admin: %s, max body %d B)",
                                      handle.url, cfg.policy, cfg.policy_params.threshold, admin, cfg.body_limit)

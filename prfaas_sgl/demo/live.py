@@ -34,7 +34,7 @@ class LiveRouter:
 
     def start(self) -> "LiveRouter":
         self.thread.start()
-        self.handle = self._run(start_router(self.cfg, self.controller, seed=0, check_health_first=True))
+        self.handle = self._run(start_router(self.cfg, self.controller, seed=0))
         return self
 
     @property

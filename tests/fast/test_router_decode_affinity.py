@@ -14,7 +14,10 @@ def _core(tmp_path, slack: int) -> RoutingCore:
     cfg = RouterConfig(local_prefill=(InstanceSpec("http://h:1", bootstrap_port=1),),
                        decode=(InstanceSpec("http://h:2"), InstanceSpec("http://h:3")),
                        tokenizer_path=str(tmp_path), decode_affinity_slack=slack, policy="threshold")
-    return RoutingCore(cfg, Cluster(cfg), RouterMetrics())
+    cluster = Cluster(cfg)
+    for name in cluster.instances:  # instances start out of rotation until a /health probe passes
+        cluster.probed(name, True)
+    return RoutingCore(cfg, cluster, RouterMetrics())
 
 
 def _conversation(core: RoutingCore) -> list[str]:

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from prfaas_sgl import netns
 from prfaas_sgl.router.app import start_router
-from prfaas_sgl.router.cluster import Cluster, LinkState, apply_link_stats, poll_loads, poll_loads_once
+from prfaas_sgl.router.cluster import Cluster, LinkState, apply_link_stats, check_health, poll_loads, poll_loads_once
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
 from prfaas_sgl.router.kv_events import BlockStored, KVEventBatch, KVEventSubscriber
 from prfaas_sgl.router.metrics import RouterMetrics
@@ -111,10 +111,14 @@ class Answers:
     async def _stats(self, _: web.Request) -> web.Response:
         return web.Response(body=self.stats)
 
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
     async def start(self) -> str:
         app = web.Application()
         app.router.add_get("/v1/loads", self._loads)
         app.router.add_get("/stats", self._stats)
+        app.router.add_get("/health", self._health)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
@@ -142,6 +146,7 @@ async def _poller_scenario(tmp_path) -> None:
     cluster = Cluster(RouterConfig(prfaas=(spec,), decode=(InstanceSpec(url),), tokenizer_path=str(tmp_path),
                                    loads_interval_s=0.02, transport_stats_url=f"{url}/stats"))
     async with aiohttp.ClientSession() as session:
+        await check_health(cluster, session)  # loads are polled on instances in rotation only
         task = asyncio.create_task(poll_loads(cluster, session))
         try:
             for body in BAD:
@@ -186,6 +191,7 @@ async def _two_prefills_scenario(tmp_path) -> list[tuple[float, bool]]:
                                    tokenizer_path=str(tmp_path), transport_stats_url=f"{urls[0]}/stats, {urls[1]}/stats"))
     seen = []
     async with aiohttp.ClientSession() as session:
+        await check_health(cluster, session)
         await poll_loads_once(cluster, session)
         seen.append((cluster.link.goodput_bps, cluster.link.stats_ok))
         b.stats = b"{}"

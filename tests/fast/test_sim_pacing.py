@@ -58,6 +58,8 @@ def test_routing_core_holds_then_routes(tmp_path):
                        tokenizer_path=build_tiny_tokenizer(str(tmp_path / "tok")), policy="paced", threshold=10,
                        kv_bytes_per_token=1e6, state_bytes=0.0, link_gbps=1.0)
     core = RoutingCore(cfg, Cluster(cfg), RouterMetrics())
+    for name in core.cluster.instances:  # instances start out of rotation until a /health probe passes
+        core.cluster.probed(name, True)
     core.set_routing({"pace_max_s": 0.3, "pace_step_s": 0.1}, why="test")
     core.cluster.link.add(1e9, time.monotonic() - 1)  # 8 s of KV on the wire
     core.cluster.instances["l0"].server_queued_tokens = 10**6  # local pool busy: bandwidth-aware keeps it remote

@@ -83,7 +83,7 @@ async def _run(farm, tmp_path) -> tuple[list[tuple[float, float, bool]], int]:
                        block_size=1, link_gbps=RATE_MBIT / 1000, loads_interval_s=0.25,
                        transport_stats_url=farm.stats_url, prefill_timeout_s=300, request_timeout_s=300)
     before = _transport_bytes(farm.stats_url)
-    handle = await start_router(cfg, check_health_first=True)
+    handle = await start_router(cfg)
     samples: list[tuple[float, float, bool]] = []
     try:
         async with aiohttp.ClientSession() as http:

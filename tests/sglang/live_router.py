@@ -16,7 +16,7 @@ def running_router(cfg: RouterConfig) -> Iterator[tuple[RouterHandle, asyncio.Ab
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="router-loop", daemon=True)
     thread.start()
-    handle = asyncio.run_coroutine_threadsafe(start_router(cfg, seed=0, check_health_first=True), loop).result(60)
+    handle = asyncio.run_coroutine_threadsafe(start_router(cfg, seed=0), loop).result(60)
     try:
         yield handle, loop
     finally:
