@@ -10,7 +10,7 @@ What SGLang 0.5.23 moves per request in PD (and so what crosses the inter-datace
 Per token of one full-attention layer: K + V = kv_heads x (head_dim + v_head_dim) elements; of one MLA
 layer: a single latent of kv_lora_rank + qk_rope_head_dim elements. Linear-attention states follow
 SGLang's `mamba_utils` shapes: GDN conv (K-1) x (2 key_dim + value_dim), recurrent H_v x D_k x D_v; KDA
-conv (K-1) x 3 H D, recurrent H x D x D. Conv states are bf16 and recurrent states fp32 unless the
+conv (K-1) x 3 H D, recurrent H x D x D; Lightning no conv, recurrent H x D x D. Conv states are bf16 and recurrent states fp32 unless the
 environment says otherwise (SGLANG_MAMBA_CONV_DTYPE / SGLANG_MAMBA_SSM_DTYPE, read by the caller).
 
     account(json.load(open("config.json"))).request_bytes(tokens, page_size)
@@ -124,8 +124,36 @@ def _swa(conf: dict, dt: Dtypes) -> KVAccount:
                      _gqa_token_bytes(swa_conf, pattern.count(1), dt), int(window))
 
 
+def _bailing_layers(conf: dict) -> list[bool]:
+    """True per linear layer, as SGLang's BailingHybridConfig.layers_block_type reads `layer_group_size`:
+    an int g puts full attention at every g-th layer; a list marks linear layers with 1."""
+    g = conf.get("layer_group_size", 1)
+    if isinstance(g, list):
+        return [x == 1 for x in g]
+    return [(i + 1) % int(g) != 0 for i in range(int(conf["num_hidden_layers"]))]
+
+
+def _lightning(conf: dict, dt: Dtypes) -> KVAccount:
+    """Ring-2.5 / Ring-linear (SGLang's `bailing_hybrid`): Lightning layers + MLA (or GQA) layers. A
+    Lightning state is Mamba2StateShape(num_heads = num_attention_heads, head_dim, state_size = head_dim)
+    with no conv (conv_dim 0); a checkpoint with `short_conv_kernel_size` is Ling-V3's KDA variant."""
+    linear = _bailing_layers(conf)
+    heads = int(conf["num_attention_heads"])
+    dim = int(conf.get("head_dim") or conf["hidden_size"] // heads)
+    kernel = conf.get("short_conv_kernel_size")
+    conv = (int(kernel) - 1) * 3 * heads * dim * dt.conv if kernel else 0
+    state = linear.count(True) * (conv + heads * dim * dim * dt.ssm)
+    full = linear.count(False)
+    if conf.get("full_attention_type", "mla") == "mla":
+        per_token = full * (conf["kv_lora_rank"] + conf["qk_rope_head_dim"]) * dt.kv
+    else:
+        per_token = _gqa_token_bytes(conf, full, dt)
+    return KVAccount("kda" if kernel else "lightning", per_token, state + AUX_ROW_BYTES)
+
+
 # First match wins; the dense rule takes whatever is left.
 FAMILIES: tuple[tuple[Callable[[dict], bool], Callable[[dict, Dtypes], KVAccount]], ...] = (
+    (lambda c: c.get("model_type") == "bailing_hybrid", _lightning),
     (lambda c: bool(c.get("linear_attn_config")) and "kv_lora_rank" in c, _kda),
     (lambda c: "linear_num_value_heads" in c, _gdn),
     (lambda c: bool(c.get("hybrid_layer_pattern")) or "sliding_attention" in (c.get("layer_types") or ()), _swa),

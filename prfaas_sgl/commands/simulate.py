@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from prfaas_sgl.router.planner import ProfileError, load_scenario
+from prfaas_sgl.router.planner.model_config import add_model_args
 from prfaas_sgl.router.policy import POLICIES
 from prfaas_sgl.router.sim.config import sim_config
 
@@ -16,6 +17,7 @@ from prfaas_sgl.router.sim.config import sim_config
 def add_parser(sub) -> None:
     p = sub.add_parser("simulate", help="discrete-event simulation of both clusters and the link")
     p.add_argument("scenario", help="scenario file (.toml or .json) with an optional [sim] table")
+    add_model_args(p)
     p.add_argument("--policy", choices=sorted(POLICIES), help="routing policy (default: the scenario's)")
     p.add_argument("--rate", type=float, help="Poisson arrival rate, req/s (overrides [sim.arrival])")
     p.add_argument("--trace", help="Mooncake-style JSONL trace (timestamp ms, input_length, output_length, hash_ids)")
@@ -43,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from prfaas_sgl.router.sim.run import simulate
 
     try:
-        scn = load_scenario(args.scenario)
+        scn = load_scenario(args.scenario, args.model_config, args.kv_dtype)
         doc = simulate(scn, _config(args, scn))
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .optimize import PlanRow, plan_homogeneous, plan_naive, plan_prfaas, surface
+from .model_config import account_doc
 from .scenario import Scenario
 
 
@@ -16,6 +17,8 @@ def plan_doc(scn: Scenario) -> dict:
     rows = plan_rows(scn)
     base = rows[1].stages.lam
     doc = {"scenario": scn.name, "rows": [r.to_dict() for r in rows]}
+    if scn.account is not None:
+        doc["model"] = account_doc(scn.account)
     for r in doc["rows"]:
         r["vs_homogeneous"] = r["lambda_max_rps"] / base if base > 0 else None
     return doc
@@ -44,6 +47,11 @@ def plan_table(doc: dict) -> str:
     table = [head, *lines]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     out = [f"scenario: {doc['scenario']}"]
+    if "model" in doc:
+        m = doc["model"]
+        swa = f" + {m['swa_bytes_per_token']} B/token SWA over {m['swa_window']} tokens" if m["swa_window"] else ""
+        out.append(f"model: {m['family']}, {m['kv_bytes_per_token']} B/token KV{swa}, "
+                   f"{m['state_bytes'] / 2**20:.2f} MiB fixed state per request (from its config.json)")
     out += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
     return "\n".join(out)
 

@@ -4,6 +4,7 @@ Every bad field raises ``ProfileError`` naming the field and what is expected. L
 scenarios/paper_case_study.toml for a commented example):
 
   [model]            kv_tokens + kv_mib | kv_fixed_mib + kv_bytes_per_token | kv_tokens + phi_gbps + phi_hardware
+                     | config (a config.json or model directory) + optional kv_dtype  (model_config.py)
   [hardware.<name>]  prefill_tokens + prefill_s | prefill_poly; decode_max_batch, decode_step_s
   [prfaas]           hardware, instances           (instances = 0: no PrfaaS cluster)
   [local]            hardware, instances, optional prefill + decode (a fixed split)
@@ -26,8 +27,10 @@ import numpy as np
 from prfaas_sgl.workload.lengths import Empirical, SplitDist, TruncLogNormal
 from prfaas_sgl.workload.traces import TraceError, TraceRecord, read_trace
 
+from ..kv_accounting import KVAccount
 from .curves import Curve, ProfileError
 from .model import Hardware, System
+from .model_config import kv_curve, read_account
 
 MIB = 1024 * 1024
 
@@ -81,8 +84,11 @@ def load_hardware(name: str, tbl: dict, lo: float, hi: float) -> Hardware:
     return Hardware(name, pre, mb, step, num(tbl, "gpus_per_instance", where, lo=1, default=8, integer=True))
 
 
-def load_kv(model: dict, hw: dict[str, Hardware], lo: float, hi: float) -> Curve:
-    if "kv_fixed_mib" in model:
+def load_kv(model: dict, hw: dict[str, Hardware], lo: float, hi: float,
+            acct: KVAccount | None = None) -> Curve:
+    if acct is not None:
+        kv = kv_curve(acct)
+    elif "kv_fixed_mib" in model:
         fixed = num(model, "kv_fixed_mib", "model", lo=0, default=0)
         per_tok = num(model, "kv_bytes_per_token", "model", lo=0)
         kv = Curve(poly=(fixed * MIB, per_tok), field="model.kv_bytes_per_token")
@@ -153,6 +159,7 @@ class Scenario:
     cached_fraction: float
     sim: dict = field(default_factory=dict)  # raw [sim] table
     base_dir: Path = Path(".")
+    account: KVAccount | None = None  # the bytes derived from [model] config, when it names one
 
 
 def _cluster(doc: dict, key: str, hw: dict[str, Hardware], allow_zero: bool) -> tuple[Hardware | None, int, dict]:
@@ -184,7 +191,9 @@ def parse_scenario(doc: dict, name: str = "scenario", base_dir: Path = Path(".")
     hw = {k: load_hardware(k, v, lo, hi) for k, v in hw_tbl.items() if isinstance(v, dict)}
     if not hw:
         raise ProfileError("hardware: expected at least one [hardware.<name>] table")
-    kv = load_kv(section(doc, "model"), hw, lo, hi)
+    model = section(doc, "model")
+    acct = read_account(model, base_dir) if "config" in model else None
+    kv = load_kv(model, hw, lo, hi, acct)
     remote, n_remote, _ = _cluster(doc, "prfaas", hw, allow_zero=True)
     local, n_local, local_tbl = _cluster(doc, "local", hw, allow_zero=False)
     base_hw, n_base, _ = _cluster(doc, "baseline", hw, allow_zero=False) if "baseline" in doc else (local, n_local, {})
@@ -202,11 +211,13 @@ def parse_scenario(doc: dict, name: str = "scenario", base_dir: Path = Path(".")
     base = System(kv, base_hw, n_base, None, 0, gbps * 1e9 / 8, out, dist)
     sim = doc.get("sim", {})
     return Scenario(str(doc.get("name", name)), sys, base, _fixed_split(local_tbl, n_local), raw, hit, frac,
-                    sim if isinstance(sim, dict) else {}, base_dir)
+                    sim if isinstance(sim, dict) else {}, base_dir, acct)
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read a .toml (or .json) scenario file."""
+def load_scenario(path: str | Path, model_config: str | Path | None = None, kv_dtype: str | None = None) -> Scenario:
+    """Read a .toml (or .json) scenario file. `model_config` (a config.json or model directory) replaces
+    its [model] table: S_kv then comes from the model's layers (model_config.py); `kv_dtype` sets its
+    [model] kv_dtype (the KV element type of a config-derived S_kv)."""
     p = Path(path)
     if not p.is_file():
         raise ProfileError(f"scenario file {str(p)!r} not found")
@@ -215,4 +226,8 @@ def load_scenario(path: str | Path) -> Scenario:
         doc = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
         raise ProfileError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {e}") from e
+    if model_config is not None:
+        doc["model"] = {"config": str(Path(model_config).resolve())}
+    if kv_dtype is not None and isinstance(doc.get("model"), dict):
+        doc["model"]["kv_dtype"] = kv_dtype
     return parse_scenario(doc, p.stem, p.parent)
