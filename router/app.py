@@ -27,13 +27,13 @@ from prfaas_sgl.cachepool.hashing import block_hashes
 from .cluster import Cluster, check_health, health_loop, poll_loads
 from .config import RouterConfig
 from .controller_glue import build_controller
-from .forward import AttemptFailed, Forwarder, LinkShare
+from .forward import AttemptFailed, Forwarder
 from .kv_events import KVEventSubscriber
 from .metrics import RouterMetrics
-from .policy import Decision, NoInstanceError
+from .policy import NoInstanceError
 from .prefix_index import ExactIndex
 from .requests import ApiError, Limits, ParsedRequest, decode_json, parse_raw, read_body
-from .routing import RoutingCore
+from .routing import Routed, RoutingCore
 from .tokenize import PromptTokenizer
 
 log = logging.getLogger(__name__)
@@ -124,11 +124,11 @@ class Router:
             req = await self._parse(request, endpoint)
             hashes = block_hashes(req.tokens, self.cfg.block_size)
             try:
-                d = await self.core.route_paced(len(req.tokens), hashes)  # the paced policy may hold it
+                routed = await self.core.route_paced(len(req.tokens), hashes)  # the paced policy may hold it
             except NoInstanceError as e:
                 raise ApiError(503, str(e), "server_error", "no_healthy_instance") from e
             self.metrics.overhead.observe(time.perf_counter() - t0)
-            return await self._serve(request, req, hashes, d, t0)
+            return await self._serve(request, req, hashes, routed, t0)
         except ApiError as e:
             self.metrics.errors.labels(e.code).inc()
             return error_response(e)
@@ -138,16 +138,17 @@ class Router:
             return error_response(ApiError(500, "internal router error", "server_error", "internal_error"))
 
     async def _serve(self, request: web.Request, req: ParsedRequest, hashes: list[int],
-                     d: Decision, t0: float) -> web.StreamResponse:
+                     routed: Routed, t0: float) -> web.StreamResponse:
+        d = routed.decision
         try:
-            return await self.forwarder.attempt(req, d, self.core.link_share(d, len(req.tokens), hashes), request, t0)
+            return await self.forwarder.attempt(req, d, routed.link, request, t0)
         except AttemptFailed as e:
             log.warning("attempt via %s/%s failed (%s); retrying locally once", d.prefill, d.decode, e)
             self.metrics.retries.labels(d.reason).inc()
             first_error = str(e)
         try:
-            d2 = self.core.retry_route(len(req.tokens), hashes, frozenset({d.prefill}), time.monotonic())
-            return await self.forwarder.attempt(req, d2, LinkShare(), request, t0)
+            retry = self.core.retry_route(len(req.tokens), hashes, frozenset({d.prefill}), time.monotonic())
+            return await self.forwarder.attempt(req, retry.decision, retry.link, request, t0)
         except (AttemptFailed, NoInstanceError) as e:
             raise ApiError(502, f"prefill/decode failed: {first_error}; local retry: {e}", "server_error",
                            "upstream_failed") from e

@@ -1,6 +1,6 @@
 """The cost model of one deployment: KV bytes crossing the link, prefill time and queue wait.
 
-Shared by the routing policies (router/policy.py), the router's link accounting (router/app.py) and the
+Shared by the routing policies (router/policy.py), the router's link accounting (router/routing.py) and the
 simulator. Pure arithmetic. Units: tokens, bytes, seconds.
 """
 

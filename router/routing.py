@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 from .cluster import Cluster
@@ -37,6 +38,14 @@ ADMIN_KEYS = ("policy", "threshold", "high_watermark", "low_watermark", "cache_r
               "slack", "target_s", "pace_max_s", "pace_step_s")
 
 
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A committed decision and the KV its attempt puts on the inter-DC link (none for a local prefill)."""
+
+    decision: Decision
+    link: LinkShare
+
+
 class RoutingCore:
     def __init__(self, cfg: RouterConfig, cluster: Cluster, metrics: RouterMetrics,
                  controller: Controller | None = None) -> None:
@@ -48,13 +57,12 @@ class RoutingCore:
         self.recommended_split: dict[str, int] = {}
         self.last_update_reason = ""
 
-    def route(self, prompt_len: int, hashes: Sequence[int], now: float) -> Decision:
+    def route(self, prompt_len: int, hashes: Sequence[int], now: float) -> Routed:
         """Pick prefill + decode; records the decision and the routed prefix. Raises NoInstanceError."""
         d = self.policy.decide(self.cluster.route_input(prompt_len, hashes, now))
-        self._commit(d, hashes, now)
-        return d
+        return self._commit(d, prompt_len, hashes, now)
 
-    async def route_paced(self, prompt_len: int, hashes: Sequence[int]) -> Decision:
+    async def route_paced(self, prompt_len: int, hashes: Sequence[int]) -> Routed:
         """``route`` for a caller that can wait: the paced policy may hold a remote-bound request while the
         link binds (``Decision.pace_s``); each hold is counted as ``decisions{route="held"}``, then the request
         is decided again on fresh state. Other policies never hold, so this is ``route`` for them."""
@@ -64,19 +72,19 @@ class RoutingCore:
             inp = dataclasses.replace(self.cluster.route_input(prompt_len, hashes, now), waited_s=now - t0)
             d = self.policy.decide(inp)
             if d.pace_s <= 0:
-                self._commit(d, hashes, now)
-                return d
+                return self._commit(d, prompt_len, hashes, now)
             self.metrics.decisions.labels("held", d.reason).inc()
             await asyncio.sleep(d.pace_s)
 
-    def retry_route(self, prompt_len: int, hashes: Sequence[int], exclude: frozenset[str], now: float) -> Decision:
+    def retry_route(self, prompt_len: int, hashes: Sequence[int], exclude: frozenset[str], now: float) -> Routed:
         inp = self.cluster.route_input(prompt_len, hashes, now)
         d = local_fallback(inp, exclude, self.params.overload_tokens)
-        self._commit(d, hashes, now)
-        return d
+        return self._commit(d, prompt_len, hashes, now)
 
     def link_share(self, d: Decision, prompt_len: int, hashes: Sequence[int]) -> LinkShare:
-        """KV crossing the link (only what decode does not hold) and when it starts: after the PrfaaS queue."""
+        """KV crossing the link (only what decode does not hold) and when it starts: after the PrfaaS queue.
+
+        Reads decode's prefix index, so it must run before ``_commit`` records this prompt there."""
         if d.route != "prfaas":
             return LinkShare()
         dec_cached = self.cluster.instances[d.decode].index.match(hashes) * self.cfg.block_size
@@ -84,13 +92,17 @@ class RoutingCore:
         wait_s = self.cost.wait_s_remote(pre.inflight, pre.queued_tokens)
         return LinkShare(self.cost.kv_bytes(prompt_len - dec_cached), time.monotonic() + wait_s)
 
-    def _commit(self, d: Decision, hashes: Sequence[int], now: float) -> None:
+    def _commit(self, d: Decision, prompt_len: int, hashes: Sequence[int], now: float) -> Routed:
+        # The link's share first: with decode affinity on, the insert below makes decode's index hold the whole
+        # prompt, and a share counted after it would leave the prompt's KV off the link's book.
+        routed = Routed(d, self.link_share(d, prompt_len, hashes))
         self.cluster.instances[d.prefill].index.insert(hashes)
         if self.cfg.decode_affinity_slack >= 0:  # decode caches what it served (approximate index)
             self.cluster.instances[d.decode].index.insert(hashes)
         self.metrics.record(d)
         if self.controller is not None:
             self.controller.observe(d.incremental_len, now)
+        return routed
 
     # ------------------------------------------------------------ long timescale
 

@@ -13,6 +13,7 @@ import pytest
 
 from prfaas_sgl.router.app import RouterHandle, start_router
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
+from prfaas_sgl.router.requests import parse_raw
 from tests.support.router_standin import RoomBoard, Standin, build_tiny_tokenizer
 
 pytestmark = pytest.mark.timeout(60)
@@ -271,4 +272,27 @@ def test_route_header_on_every_answer_and_link_bytes_released(tmp_path):
             assert await route_of(LONG, False) == "local"
             async with r.http.post(r.router.url + "/v1/completions", data=b"{") as resp:
                 assert resp.status == 400 and "x-prfaas-route" not in resp.headers  # not routed at all
+    run(body())
+
+
+@pytest.mark.parametrize("slack", [-1, 0])
+def test_a_remote_prompt_not_cached_on_decode_puts_all_its_kv_on_the_link(tmp_path, slack):
+    """With decode affinity on (slack >= 0) the router records each prompt in the chosen decode's prefix index.
+    Before, it did so before counting the link's bytes, so every remote prompt looked cached on decode and its
+    KV was left off the link's book (0 bytes here, no state bytes). Off (-1) it was always right."""
+    async def body():
+        async with rig(tmp_path, decode_affinity_slack=slack, kv_bytes_per_token=1000.0, state_bytes=0.0) as r:
+            r.remote.delay_s = 1.0  # the attempt's bytes stay on the link's book while prefill runs
+            raw = json.dumps({"model": "tiny", "prompt": LONG, "max_tokens": 2}).encode()
+            router = r.router.router
+            n = len(parse_raw("/v1/completions", raw, router.tokenizer, "tiny", router.limits).tokens)
+            sent = asyncio.create_task(r.post("/v1/completions", raw))
+            for _ in range(200):
+                if router.cluster.link.transfers or sent.done():
+                    break
+                await asyncio.sleep(0.01)
+            booked = [nbytes for _, nbytes in router.cluster.link.transfers.values()]
+            status, _ = await sent
+            assert status == 200 and len(r.remote.received) == 1
+            assert booked == [1000.0 * n]
     run(body())

@@ -66,12 +66,12 @@ def test_routing_core_holds_then_routes(tmp_path):
 
     async def body():
         t0 = time.monotonic()
-        d = await core.route_paced(100, [])
+        d = (await core.route_paced(100, [])).decision
         return d, time.monotonic() - t0
     d, took = asyncio.run(body())
     assert d.pace_s == 0.0 and 0.25 <= took < 2.0
     assert core.metrics.decisions.labels("held", "paced")._value.get() == 3
-    assert core.route(100, [], time.monotonic()).pace_s == 0.0  # route(): never holds
+    assert core.route(100, [], time.monotonic()).decision.pace_s == 0.0  # route(): never holds
 
 
 def test_simulator_holds_and_loses_nothing():
