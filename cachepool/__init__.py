@@ -1,6 +1,8 @@
 """prfaas_sgl.cachepool: hybrid prefix cache pool bookkeeping (no torch, no sglang here).
 
-Tensors live in `storage.BlockStorage` (imports torch lazily); everything else is plain Python.
+Tensors live in `storage.BlockStorage` or, for one pool shared by KV pages and linear states with
+SGLang-shaped views, `slab.Slab` over a `slab_layout.SlabLayout` (both import torch lazily); everything
+else is plain Python.
 """
 from .allocation import NULL_BLOCK, Allocation, PagedAllocation, PoolUsage, StateAllocation
 from .config import PoolConfig
