@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 class ServerControl(Protocol):
     """Stops and starts the process behind a router instance."""
 
+    def owns(self, name: str) -> bool:
+        """Whether this control can restart ``name`` (a supervisor owns one machine's servers only)."""
+        ...
+
     async def stop(self, name: str) -> None: ...
 
     async def start(self, name: str, pool: Pool) -> InstanceSpec:
@@ -67,7 +71,7 @@ class ProcessesActuator:
                   "already at the target split" if d == 0 else "")
         src: Pool = "decode" if d > 0 else "local_prefill"
         dst: Pool = "local_prefill" if d > 0 else "decode"
-        cands = [i for i in self.cluster.pool(src) if i.healthy and not i.draining]
+        cands = [i for i in self.cluster.pool(src) if i.healthy and not i.draining and self.control.owns(i.name)]
         if not refuse and (len(self.cluster.pool(src)) <= 1 or not cands):
             refuse = f"no {src} server can leave its pool"
         if refuse:
@@ -127,6 +131,9 @@ class LaunchedServers:
     def __init__(self, servers: dict, health_timeout_s: float = 600.0, decode_host: str | None = None) -> None:
         self.servers, self.health_timeout_s, self.decode_host = servers, health_timeout_s, decode_host
         self.restarts = 0
+
+    def owns(self, name: str) -> bool:
+        return name in self.servers
 
     async def stop(self, name: str) -> None:
         await asyncio.to_thread(self.servers[name].stop)

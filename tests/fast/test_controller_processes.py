@@ -29,6 +29,9 @@ class StandinControl:
         self.board, self.servers, self.fail_start = board, servers, fail_start
         self.events: list[str] = []
 
+    def owns(self, name: str) -> bool:
+        return name in self.servers
+
     async def stop(self, name: str) -> None:
         self.events.append(f"stop {name}")
         try:  # a real stop kills the process; aiohttp's cleanup would wait for a hanging handler
