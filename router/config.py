@@ -58,6 +58,8 @@ def _f(default: Any, help: str, secret: bool = False) -> Any:
 
 
 ADMIN_TOKEN_ENV = "PRFAAS_ROUTER_ADMIN_TOKEN"  # the admin token's usual source: argv is visible in `ps`
+SUPERVISOR_TOKEN_ENV = "PRFAAS_SUPERVISOR_TOKEN"  # the same value on the router's machine and every supervisor's
+ACTUATORS = ("none", "supervisor")
 BODY_BYTES_PER_TOKEN = 16  # generous JSON bytes per context token: \uXXXX escapes, token-id lists
 BODY_SLACK = 1 << 20  # bytes on top: field names, sampling params, tool definitions
 
@@ -105,6 +107,13 @@ class RouterConfig:
     controller: str = _f("none", "long-term controller: none or planner (router/controller.py)")
     controller_interval_s: float = _f(60.0, "seconds between controller updates")
     controller_scenario: str = _f("", "planner scenario TOML describing the deployment (--controller planner)")
+    actuator: str = _f("none", "what acts on the controller's recommended split: none, or supervisor (the "
+                       "supervisors `prfaas up` keeps, see --supervisor-urls; needs --controller planner)")
+    supervisor_urls: str = _f("", "SERVER=http://HOST:PORT pairs, comma-separated: the supervisor owning each local "
+                              "server (`prfaas up` derives them from the deployment's [supervisor] port)")
+    supervisor_token: str = _f("", f"bearer token for the supervisors (or env {SUPERVISOR_TOKEN_ENV})", secret=True)
+    switch_confirm: int = _f(2, "recommendations in the same direction before a server switches role")
+    switch_dwell_s: float = _f(600.0, "seconds after a role switch before the next one may start")
     log_level: str = _f("info", "python logging level")
 
     def __post_init__(self) -> None:
@@ -135,6 +144,7 @@ class RouterConfig:
             raise ValueError("--controller must be none or planner")
         if self.controller == "planner" and not Path(self.controller_scenario).is_file():
             raise ValueError("--controller planner needs --controller-scenario PATH (a planner scenario TOML)")
+        self._check_actuator()
         for name in ("block_size", "context_length", "max_chars_per_token", "prefix_capacity_tokens", "kv_bytes_per_token",
                      "link_gbps", "loads_interval_s", "health_interval_s", "connect_timeout_s",
                      "prefill_timeout_s", "request_timeout_s", "controller_interval_s"):
@@ -147,6 +157,20 @@ class RouterConfig:
         for name in ("local_prefill_coef", "remote_prefill_coef"):
             if len(getattr(self, name)) != 3:
                 raise ValueError(f"--{name.replace('_', '-')} takes three numbers a b c")
+
+    def _check_actuator(self) -> None:
+        if self.actuator not in ACTUATORS:
+            raise ValueError(f"--actuator must be one of {ACTUATORS}, got {self.actuator!r}")
+        if self.switch_confirm < 1 or self.switch_dwell_s < 0:
+            raise ValueError("--switch-confirm must be >= 1 and --switch-dwell-s >= 0 seconds")
+        urls = parse_supervisor_urls(self.supervisor_urls)
+        if self.actuator == "supervisor":
+            if self.controller == "none":
+                raise ValueError("--actuator supervisor acts on the controller's split: add --controller planner")
+            local = {s.name for s in self.local_prefill + self.decode}
+            if not urls or set(urls) - local:
+                raise ValueError(f"--actuator supervisor needs --supervisor-urls naming local servers {sorted(local)}, "
+                                 f"got {sorted(urls)}")
 
     @classmethod
     def from_flags(cls, **values: Any) -> "RouterConfig":
@@ -238,7 +262,20 @@ def parse_config(argv: list[str] | None = None) -> RouterConfig:
         merged = {**model_costs(merged["model_path"]), **merged}
     if not merged.get("admin_token") and os.environ.get(ADMIN_TOKEN_ENV):
         merged["admin_token"] = os.environ[ADMIN_TOKEN_ENV]
+    if not merged.get("supervisor_token") and os.environ.get(SUPERVISOR_TOKEN_ENV):
+        merged["supervisor_token"] = os.environ[SUPERVISOR_TOKEN_ENV]
     return RouterConfig.from_flags(**merged)
+
+
+def parse_supervisor_urls(text: str) -> dict[str, str]:
+    """``--supervisor-urls``: ``SERVER=URL`` pairs, comma-separated (the supervisor owning each server)."""
+    out: dict[str, str] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, sep, url = item.partition("=")
+        if not sep or not name.strip() or not url.strip().startswith(("http://", "https://")):
+            raise ValueError(f"--supervisor-urls: expected SERVER=http://HOST:PORT, got {item!r}")
+        out[name.strip()] = url.strip().rstrip("/")
+    return out
 
 
 def model_costs(model_path: str) -> dict[str, float]:

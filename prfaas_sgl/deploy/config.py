@@ -16,6 +16,11 @@ same file, so nothing is kept in sync by hand. Example: docs/deploy-two-datacent
 
     [router]
     machine = "local-a"; host = "0.0.0.0"; port = 8000; threshold = 8192   # any RouterConfig field
+
+    [supervisor]                        # optional: the controller may switch local servers' roles
+    port = 8101                         # each machine's `prfaas up` serves it on its servers' host
+    # and in [router]: controller = "planner", controller_scenario = "...", actuator = "supervisor"
+    # off loopback, every machine needs the same PRFAAS_SUPERVISOR_TOKEN in its environment
 """
 from __future__ import annotations
 
@@ -73,6 +78,7 @@ class Deployment:
     device: str = "cpu"
     server_args: tuple[str, ...] = ()
     k8s: dict = field(default_factory=dict)  # optional [k8s] section, read by `prfaas render k8s` only
+    supervisor: dict = field(default_factory=dict)  # optional [supervisor] section: {"port": int}
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -88,6 +94,18 @@ class Deployment:
                 raise ValueError(f"servers: at least one server with pool = {pool!r} is required")
         if not any(s.pool != "decode" for s in self.servers):
             raise ValueError("servers: at least one prefill server (pool prfaas or local_prefill) is required")
+        self._check_supervisor()
+
+    def _check_supervisor(self) -> None:
+        if self.router.get("actuator") == "supervisor" and not self.supervisor:
+            raise ValueError("router.actuator = 'supervisor' needs a [supervisor] section with its port")
+        if not self.supervisor:
+            return
+        port = self.supervisor.get("port")
+        if set(self.supervisor) != {"port"} or not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(f"[supervisor] takes one key, port (1..65535), got {self.supervisor}")
+        for machine in {s.machine for s in self.switchable(None)}:
+            self.supervisor_host(machine)
 
     def _check_backend_device(self) -> None:
         devices = BACKEND_DEVICES.get(self.transfer_backend)
@@ -110,6 +128,18 @@ class Deployment:
     def on(self, machine: str | None) -> tuple[ServerEntry, ...]:
         return tuple(s for s in self.servers if machine is None or s.machine == machine)
 
+    def switchable(self, machine: str | None) -> tuple[ServerEntry, ...]:
+        """Servers a supervisor may restart in the other role: the local ones (a PrfaaS prefill stays one)."""
+        return tuple(s for s in self.on(machine) if s.pool in ("local_prefill", "decode"))
+
+    def supervisor_host(self, machine: str | None) -> str:
+        """Where ``machine``'s supervisor listens: the one host its local servers use."""
+        hosts = {s.host for s in self.switchable(machine)}
+        if len(hosts) != 1:
+            raise ValueError(f"[supervisor]: the local servers of machine {machine!r} use hosts {sorted(hosts)}; "
+                             "a machine's supervisor listens on its servers' one host")
+        return hosts.pop()
+
     def router_on(self, machine: str | None) -> bool:
         return bool(self.router) and (machine is None or self.router.get("machine") == machine)
 
@@ -121,8 +151,16 @@ class Deployment:
                 {"url": s.url, "name": s.name, **({"bootstrap_port": s.bootstrap_port} if s.bootstrap_port else {})}
                 for s in self.servers if s.pool == pool
             ]
+        if self.supervisor:
+            port = self.supervisor["port"]
+            out.setdefault("supervisor_urls", ",".join(
+                f"{s.name}=http://{_url_host(self.supervisor_host(s.machine))}:{port}" for s in self.switchable(None)))
         out.setdefault("tokenizer_path", tokenizer_path)
         return out
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def load(path: str | Path) -> Deployment:
@@ -142,4 +180,5 @@ def parse(raw: dict) -> Deployment:
         model=dep["model"], servers=servers, router=dict(raw.get("router", {})),
         transfer_backend=dep.get("transfer_backend", DEFAULT_BACKEND.get(device, "prfaas_zmq")), device=device,
         server_args=tuple(dep.get("server_args", ())), k8s=dict(raw.get("k8s", {})),
+        supervisor=dict(raw.get("supervisor", {})),
     )

@@ -18,7 +18,8 @@ from aiohttp import web
 
 from prfaas_sgl.config import is_loopback
 from prfaas_sgl.router.actuators.processes import ServerControl
-from prfaas_sgl.router.actuators.supervisor import SUPERVISOR_TOKEN_ENV, SWITCH_POOLS, Started
+from prfaas_sgl.router.actuators.supervisor import SWITCH_POOLS, Started
+from prfaas_sgl.router.config import SUPERVISOR_TOKEN_ENV
 
 log = logging.getLogger(__name__)
 

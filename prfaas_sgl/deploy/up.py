@@ -1,7 +1,13 @@
-"""Start this machine's share of a deployment (servers, router), wait for health, hold until stopped."""
+"""Start this machine's share of a deployment (servers, router), wait for health, hold until stopped.
+
+With a [supervisor] section the hold is a supervisor (prfaas_sgl/deploy/supervisor.py) that owns this
+machine's local servers, so the router's controller can switch their roles (router/actuators/supervisor.py).
+"""
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -46,6 +52,9 @@ class Stack:
         self.router: ManagedProcess | None = None
 
     def start(self, timeout_s: float = 600.0) -> "Stack":
+        return self.start_servers(timeout_s).start_router()
+
+    def start_servers(self, timeout_s: float = 600.0) -> "Stack":
         self.log_dir.mkdir(parents=True, exist_ok=True)
         model = resolve_model(self.dep.model)
         for s in self.dep.on(self.machine):
@@ -55,6 +64,10 @@ class Stack:
         for name, srv in self.servers.items():
             srv.wait_healthy(timeout_s)
             self.say(f"[up] {name} healthy ({time.monotonic() - t0:.0f}s)")
+        return self
+
+    def start_router(self) -> "Stack":
+        model = resolve_model(self.dep.model)
         if self.dep.router_on(self.machine):
             self.router = router_process(self.dep, model, self.log_dir).start().wait_healthy(120)
             self.say(f"[up] router healthy at {self.router.url}")
@@ -65,16 +78,50 @@ class Stack:
             if proc is not None:
                 proc.stop()
 
+    def supervisor(self, token: str, timeout_s: float = 600.0):
+        """The supervisor of this machine's local servers, or None (no [supervisor] section, or none here).
+
+        It restarts a server through the same ``SGLangServer`` objects ``stop`` stops (``self.servers``)."""
+        from prfaas_sgl.deploy.supervisor import Supervisor
+        from prfaas_sgl.router.actuators.processes import LaunchedServers
+
+        names = [s.name for s in self.dep.switchable(self.machine)]
+        if not self.dep.supervisor or not names:
+            return None
+        control = LaunchedServers(self.servers, health_timeout_s=timeout_s)
+        return Supervisor(control, names, self.dep.supervisor_host(self.machine), token)
+
+
+async def serve(stack: Stack, sup) -> None:
+    """Servers, then this machine's supervisor (before the router: its controller may call it), then the router;
+    then hold until cancelled (Ctrl-C)."""
+    await asyncio.to_thread(stack.start_servers)
+    try:
+        if sup is not None:
+            url = await sup.serve(stack.dep.supervisor["port"])
+            stack.say(f"[up] supervisor of {', '.join(sup.names)} at {url}")
+        await asyncio.to_thread(stack.start_router)
+        print("[up] all up; Ctrl-C to stop", flush=True)
+        await asyncio.Event().wait()
+    finally:
+        if sup is not None:
+            await sup.close()
+
 
 def run(dep: Deployment, machine: str | None, log_dir: Path) -> int:
+    from prfaas_sgl.router.config import SUPERVISOR_TOKEN_ENV
+
     stack = Stack(dep, machine, log_dir)
+    try:  # refused before any server starts: an open admin endpoint on a routable address
+        sup = stack.supervisor(os.environ.get(SUPERVISOR_TOKEN_ENV, ""))
+    except ValueError as e:
+        print(f"prfaas up: {e}", flush=True)
+        return 2
     try:
-        stack.start()
-        print("[up] all up; Ctrl-C to stop", flush=True)
-        while True:
-            time.sleep(3600)
+        asyncio.run(serve(stack, sup))
     except KeyboardInterrupt:
         return 0
     finally:
         stack.stop()
         stop_all()
+    return 0

@@ -24,14 +24,13 @@ from typing import Any, Callable
 import aiohttp
 
 from ..cluster import Cluster
-from ..config import InstanceSpec
+from ..config import InstanceSpec, RouterConfig, parse_supervisor_urls
 from ..policy import Pool
 from .base import Action
 from .processes import ProcessesActuator
 
 log = logging.getLogger(__name__)
 
-SUPERVISOR_TOKEN_ENV = "PRFAAS_SUPERVISOR_TOKEN"  # argv is visible in `ps`; both sides read the token from here
 SWITCH_POOLS = ("local_prefill", "decode")  # the roles a supervisor restarts a server in
 
 
@@ -53,17 +52,6 @@ class Started:
         if port is not None and (not isinstance(port, int) or isinstance(port, bool)):
             raise ValueError(f"supervisor start: bootstrap_port must be an int or null, got {port!r}")
         return cls(body["url"], port)
-
-
-def parse_supervisor_urls(text: str) -> dict[str, str]:
-    """``--supervisor-urls``: ``SERVER=URL`` pairs, comma-separated (the supervisor owning each server)."""
-    out: dict[str, str] = {}
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        name, sep, url = item.partition("=")
-        if not sep or not name.strip() or not url.strip().startswith(("http://", "https://")):
-            raise ValueError(f"--supervisor-urls: expected SERVER=http://HOST:PORT, got {item!r}")
-        out[name.strip()] = url.strip().rstrip("/")
-    return out
 
 
 class SupervisorClient:
@@ -114,3 +102,10 @@ class SupervisorActuator(ProcessesActuator):
         if unknown:
             raise ValueError(f"--supervisor-urls names servers the router does not have: {sorted(unknown)}")
         super().__init__(cluster, SupervisorClient(urls, token, start_timeout_s), report, drain_timeout_s, poll_s)
+
+    @classmethod
+    def from_config(cls, cluster: Cluster, cfg: RouterConfig, report: Callable[[Action], None] | None = None
+                    ) -> "SupervisorActuator":
+        """From ``--supervisor-urls`` and ``--supervisor-token``; a drain waits as long as a request may run."""
+        return cls(cluster, parse_supervisor_urls(cfg.supervisor_urls), cfg.supervisor_token, report,
+                   drain_timeout_s=cfg.request_timeout_s)

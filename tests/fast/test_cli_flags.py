@@ -13,7 +13,9 @@ from pathlib import Path
 SNAPSHOT = Path(__file__).parent / "data" / "cli_flags.json"
 # Flags added since the snapshot, on purpose: PolicyParams' pacing knobs became router flags when the
 # router's policy settings started to be generated from PolicyParams (before, only /admin/routing set them).
-ADDED = {"router": {"--pace-max-s", "--pace-step-s"}}
+# The supervisor actuator's flags (issue 15): the controller acts on servers `prfaas up` owns.
+ADDED = {"router": {"--pace-max-s", "--pace-step-s", "--actuator", "--supervisor-urls", "--supervisor-token",
+                    "--switch-confirm", "--switch-dwell-s"}}
 
 
 def _action(a: argparse.Action, group: str) -> dict:

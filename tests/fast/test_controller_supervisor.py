@@ -17,9 +17,9 @@ import pytest
 from prfaas_sgl.deploy.supervisor import Supervisor
 from prfaas_sgl.router.actuators.base import Split
 from prfaas_sgl.router.actuators.decide import DecideConfig
-from prfaas_sgl.router.actuators.supervisor import SupervisorActuator, parse_supervisor_urls
+from prfaas_sgl.router.actuators.supervisor import SupervisorActuator
 from prfaas_sgl.router.app import RouterHandle, start_router
-from prfaas_sgl.router.config import RouterConfig
+from prfaas_sgl.router.config import RouterConfig, parse_supervisor_urls
 from prfaas_sgl.router.controller_glue import close_loop
 from tests.support.router_standin import build_tiny_tokenizer
 from tests.support.standin_process import StandinProcesses

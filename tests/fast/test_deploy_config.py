@@ -93,3 +93,61 @@ def test_routable_prfaas_zmq_needs_keys_or_insecure(extra, ok):
     else:
         with pytest.raises(ValueError, match=r"servers\[p\]: host 10.0.0.1 is routable"):
             make()
+
+
+# ---------------------------------------------------------------- [supervisor]: the controller acts on `prfaas up`
+
+
+def _with_supervisor(tmp_path, **router):
+    import tomllib
+
+    raw = tomllib.loads(EXAMPLE.read_text())
+    raw["supervisor"] = {"port": 8101}
+    raw["router"].update(router)
+    return raw
+
+
+def test_supervisor_urls_name_each_local_server_on_its_machine(tmp_path):
+    from prfaas_sgl.router.config import RouterConfig, parse_supervisor_urls
+    from tests.support.router_standin import build_tiny_tokenizer
+
+    scenario = next((Path(__file__).resolve().parents[2] / "scenarios").glob("*.toml"))
+    dep = config.parse(_with_supervisor(tmp_path, controller="planner", controller_scenario=str(scenario),
+                                        actuator="supervisor"))
+    fields = dep.router_fields(tokenizer_path=build_tiny_tokenizer(str(tmp_path / "tok")))
+    assert parse_supervisor_urls(fields["supervisor_urls"]) == {  # local servers only, not the PrfaaS prefills
+        "local-prefill-0": "http://10.10.0.11:8101", "decode-0": "http://10.10.0.12:8101",
+        "decode-1": "http://10.10.0.13:8101"}
+    cfg = RouterConfig.from_flags(**fields)  # what launch_router builds from router.json
+    assert cfg.actuator == "supervisor" and cfg.switch_dwell_s == 600.0
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda raw: raw.pop("supervisor"), "needs a \\[supervisor\\] section"),
+    (lambda raw: raw["supervisor"].update(port=0), "port"),
+    (lambda raw: raw["supervisor"].update(host="x"), "one key"),
+    (lambda raw: raw["servers"][3].update(host="10.10.0.99", machine="local-c"), "hosts"),
+])
+def test_bad_supervisor_sections_name_the_field(tmp_path, mutate, message):
+    raw = _with_supervisor(tmp_path, actuator="supervisor")
+    mutate(raw)
+    with pytest.raises(ValueError, match=message):
+        config.parse(raw)
+
+
+def test_up_keeps_a_supervisor_of_this_machines_local_servers_secure_by_default(tmp_path):
+    from prfaas_sgl.deploy.up import Stack
+
+    dep = config.parse(_with_supervisor(tmp_path))
+    assert Stack(dep, "remote-a", tmp_path).supervisor("") is None  # a PrfaaS prefill never switches
+    with pytest.raises(ValueError, match="PRFAAS_SUPERVISOR_TOKEN"):
+        Stack(dep, "local-b", tmp_path).supervisor("")  # 10.10.0.12 is routable: a token or nothing
+    sup = Stack(dep, "local-b", tmp_path).supervisor("tok")
+    assert sup.names == ["decode-0"] and sup.host == "10.10.0.12"
+    assert Stack(config.parse(_without(tmp_path)), "local-b", tmp_path).supervisor("tok") is None
+
+
+def _without(tmp_path):
+    raw = _with_supervisor(tmp_path)
+    raw.pop("supervisor")
+    return raw
