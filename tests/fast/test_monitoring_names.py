@@ -4,7 +4,7 @@ A real router process (stand-in prefill/decode servers) and a real prfaas_zmq se
 server, one completed transfer, one refused peer) are scraped over HTTP; each prfaas_* name in
 deploy/monitoring/alerts.yml and grafana-dashboard.json must be a sample name there (histograms by their
 _bucket/_sum/_count samples). SGLang's own names (sglang:*) are checked on real servers by
-tests/sglang/test_monitoring_names.py.
+tests/sglang/test_prfaas_zmq.py (test_monitoring_names_...).
 """
 from __future__ import annotations
 
