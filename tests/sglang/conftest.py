@@ -2,10 +2,13 @@
 
 A server takes ~40-80 s to start on 2 cores and ~2.5 GB of RAM (HTTP, scheduler and detokenizer
 processes), so each test module declares the group of servers it needs (`farm_for`) and the group starts
-concurrently, serves the whole module, and stops before the next module's group starts.
+concurrently, serves the whole module, and stops before the next module's group starts. A stateless
+reference server (colocated, radix cache off) that several modules declare with the same flags is named in
+`shared`: it starts once per session (`SharedServers`) and stops at the session's end.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -19,13 +22,31 @@ HYBRID = "tiny-qwen35-hybrid"
 LLAMA = "tiny-llama"
 
 
+class SharedServers:
+    """Session-wide servers, one per distinct spec (ports and log path aside)."""
+
+    def __init__(self):
+        self._by_key: dict[str, SGLangServer] = {}
+
+    def get(self, spec_: ServerSpec) -> SGLangServer:
+        """The running server for `spec_`'s flags, started (not waited for) on first use."""
+        key = repr(dataclasses.replace(spec_, port=0, log_path=None))
+        if key not in self._by_key:
+            self._by_key[key] = SGLangServer(spec_).start()
+        return self._by_key[key]
+
+    def stop(self) -> None:
+        stop_together(list(self._by_key.values()))
+
+
 class Farm:
-    def __init__(self, specs: dict[str, ServerSpec]):
+    def __init__(self, specs: dict[str, ServerSpec], shared: tuple[str, ...] = (), pool: SharedServers | None = None):
         self.specs = specs
-        self.servers = {name: SGLangServer(s) for name, s in specs.items()}
+        self.servers = {name: pool.get(s) if name in shared else SGLangServer(s) for name, s in specs.items()}
+        self.own = [srv for name, srv in self.servers.items() if name not in shared]
 
     def start(self) -> "Farm":
-        for srv in self.servers.values():
+        for srv in self.own:
             srv.start()
         try:
             for srv in self.servers.values():
@@ -39,7 +60,7 @@ class Farm:
         return self.servers[name]
 
     def stop(self) -> None:
-        stop_together(list(self.servers.values()))
+        stop_together(self.own)
 
 
 def spec(log_dir: Path, name: str, model: str, **kw) -> ServerSpec:
@@ -55,16 +76,26 @@ def log_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def shared_servers():
+    pool = SharedServers()
+    try:
+        yield pool
+    finally:
+        pool.stop()
+
+
+@pytest.fixture(scope="session")
 def model_paths():
     return {"llama": str(ensure(LLAMA)), "hybrid": str(ensure(HYBRID))}
 
 
-def farm_for(build_specs):
-    """Module-scoped fixture factory: `farm = farm_for(lambda log_dir: {name: spec, ...})`."""
+def farm_for(build_specs, shared: tuple[str, ...] = ()):
+    """Module-scoped fixture factory: `farm = farm_for(lambda log_dir: {name: spec, ...})`; the servers named
+    in `shared` must be stateless between requests (they outlive the module, see SharedServers)."""
 
     @pytest.fixture(scope="module")
-    def _farm(log_dir):
-        f = Farm(build_specs(log_dir)).start()
+    def _farm(log_dir, shared_servers):
+        f = Farm(build_specs(log_dir), shared, shared_servers).start()
         try:
             yield f
         finally:

@@ -51,7 +51,7 @@ def _specs(log_dir):
     }
 
 
-farm = farm_for(_specs)
+farm = farm_for(_specs, shared=("colocated",))  # the same reference as test_router_decode_cache.py
 
 
 def _pd(farm, ids: list[int]) -> dict:

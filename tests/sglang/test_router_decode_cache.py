@@ -46,7 +46,7 @@ def _specs(log_dir):
     }
 
 
-farm = farm_for(_specs)
+farm = farm_for(_specs, shared=("colocated",))  # the same reference as test_cachepool_pd.py
 
 
 @pytest.fixture(scope="module")
