@@ -1,4 +1,4 @@
-"""Linear-attention (Gated DeltaNet / Mamba) manager: a fixed-size recurrent state per request.
+"""Linear-attention (Gated DeltaNet, KDA, Lightning, Mamba) manager: a fixed-size state per request.
 
 A state summarises ALL tokens before it, so a cached state is reusable only at exactly its own
 length. States are checkpointed every `checkpoint_interval` tokens (a multiple of block_size) and

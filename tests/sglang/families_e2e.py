@@ -114,3 +114,37 @@ def test_kv_buffers_per_layer(family):
     found = re.search(r"(\d+) kv buffers \((\d+) B/page\)", log)
     assert found, "prefill log has no prfaas_zmq layout line"
     assert (int(found[1]), int(found[2])) == KV_BUFFERS[name]
+
+
+# --radix-cache-backend prfaas_hybrid with Kimi Linear: KDA states are checkpointed at chunk ends and restored
+# on a hit exactly as GDN's (tests/fast/test_cachepool_backend_states.py over SGLang's MambaPool with KDA's
+# shapes); here on a real server, against one with prefix caching off. MiMo (SWA) is not served yet: the
+# backend refuses sliding-window models (docs/cachepool-swa.md).
+GRID = 64
+
+
+@pytest.fixture(scope="module")
+def kimi_pool(log_dir):
+    common = dict(chunked_prefill_size=GRID, max_total_tokens=4096, max_mamba_slots=24, max_running_requests=4)
+    farm = Farm({
+        "pool": spec(log_dir, "kimi_cachepool", KIMI, **common, env={"PRFAAS_CACHEPOOL_CHECK": "1"},
+                     extra_args=("--radix-cache-backend", "prfaas_hybrid", "--enable-cache-report")),
+        "nocache": spec(log_dir, "kimi_nocache", KIMI, **common, extra_args=("--disable-radix-cache",)),
+    }).start()
+    try:
+        yield str(ensure(KIMI)), farm
+    finally:
+        farm.stop()
+
+
+def test_kimi_prefix_cache_pool_hits_match_no_cache(kimi_pool):
+    path, farm = kimi_pool
+    system = prompt_ids(path, 300, seed=7)
+    questions = [prompt_ids(path, 20, seed=100 + i) for i in range(3)]
+    outs = [post(farm["pool"].url + "/generate", generate_body(system + q, NEW)) for q in questions]
+    # the first computes everything; later ones resume at the last KDA checkpoint (chunk end) <= 300
+    assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 256, 256], outs
+    for q, o in zip(questions, outs):
+        assert o["output_ids"] == post(farm["nocache"].url + "/generate", generate_body(system + q, NEW))["output_ids"]
+    log = Path(farm["pool"].spec.log_path).read_text(errors="replace")
+    assert log.count("prfaas_hybrid integrity ok") >= 3 and "AssertionError" not in log

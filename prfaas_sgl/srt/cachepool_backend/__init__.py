@@ -1,4 +1,5 @@
-"""`--radix-cache-backend prfaas_hybrid`: SGLang's prefix cache for hybrid GDN models, indexed by our
+"""`--radix-cache-backend prfaas_hybrid`: SGLang's prefix cache for hybrid linear-attention models (GDN,
+KDA, Lightning: any model SGLang keeps Mamba-pool states for), indexed by our
 HybridCachePool (prfaas_sgl.cachepool) over SGLang's own KV slots and Mamba state slots.
 
 `register()` runs in every SGLang process (plugin install) and only adds a name to SGLang's registry;

@@ -1,4 +1,9 @@
-"""PrfaasHybridCache: SGLang's BasePrefixCache for hybrid GDN models, backed by HybridCachePool.
+"""PrfaasHybridCache: SGLang's BasePrefixCache for hybrid linear-attention models, backed by HybridCachePool.
+
+A state is one SGLang Mamba-pool slot, copied whole (`MambaPool.copy_from`: every conv tensor and the
+recurrent one), so the family's shapes never reach this module: GDN's conv (dim, K-1), KDA's transposed
+(K-1, 3 H D) and Lightning's recurrent-only state are cached and restored alike
+(tests/fast/test_cachepool_backend_states.py).
 
 Ownership of a running request's KV row (page size 1, block size bs):
 
@@ -72,8 +77,9 @@ def build(ctx) -> "PrfaasHybridCache":
     p, sa = ctx.params, ctx.server_args
     mode = getattr(sa, "disaggregation_mode", "null") or "null"
     problems = [msg for bad, msg in (
-        (not ctx.is_hybrid_ssm, "serves hybrid Mamba/GDN models only; omit --radix-cache-backend"),
-        (ctx.is_hybrid_swa, "does not handle sliding-window layers"),
+        (not ctx.is_hybrid_ssm, "serves hybrid linear-attention (Mamba/GDN/KDA/Lightning) models only; "
+                                "omit --radix-cache-backend"),
+        (ctx.is_hybrid_swa, "does not handle sliding-window layers yet (docs/cachepool-swa.md)"),
         (p.page_size != 1, f"needs --page-size 1, got {p.page_size}"),
         (ctx.enable_hierarchical_cache, "does not support --enable-hierarchical-cache"),
         # no_buffer also means no overlap scheduler (sglang/srt/arg_groups/mamba_hook.py:157-160

@@ -10,7 +10,7 @@ CHECK_ENV = "PRFAAS_CACHEPOOL_CHECK"  # "1": check_integrity() after every relea
 @dataclass(frozen=True, slots=True)
 class BackendConfig:
     """block_size: tokens per index block (hash granularity; a hit is a multiple of it).
-    checkpoint_interval: tokens between Gated-DeltaNet state checkpoints. SGLang's `no_buffer` Mamba
+    checkpoint_interval: tokens between linear-attention (GDN / KDA / Lightning) state checkpoints. SGLang's `no_buffer` Mamba
         strategy holds a request's state only at the end of each prefill chunk, so this is the
         chunked-prefill size: chunk ends land exactly on the checkpoint grid.
     num_blocks: size of the index's (virtual) block pool; must exceed what SGLang can hold.
