@@ -1,6 +1,6 @@
 """The studies behind docs/simulation.md; each writes one PNG and prints JSON.
 
-    python3 -m prfaas_sgl.router.sim.studies {capacity,burst,prefix,dense,shift} --out docs/img
+    python3 -m prfaas_sgl.router.sim.studies {capacity,burst,pacing,prefix,dense,shift} --out docs/img
 """
 
 from __future__ import annotations
@@ -69,6 +69,21 @@ def burst(out: Path) -> dict:
     return {k: {m: d["totals"][m] for m in ("goodput_rps", "slo_attainment", "offload_fraction", "paced_fraction",
                                             "reasons")}
             | {"ttft_p90_s": d["totals"]["ttft_s"]["p90"]} for k, d in docs.items()}
+
+
+PACING_SEEDS = (7, 11, 13, 1, 2, 3)
+PACING_RUNS = ("threshold", "bandwidth_aware", "paced")
+
+
+def pacing(out: Path) -> dict:
+    """The burst + link-drop scenario on several seeds: static threshold vs bandwidth-aware vs paced (no plot)."""
+    scn = load_scenario(ROOT / "scenarios" / "burst_link_drop.toml")
+    rows = {}
+    for seed in PACING_SEEDS:
+        tots = {p: simulate(scn, sim_config(scn.sim, policy=p, seed=seed))["totals"] for p in PACING_RUNS}
+        rows[seed] = {p: {"goodput_rps": t["goodput_rps"], "ttft_p90_s": t["ttft_s"]["p90"],
+                          "paced_fraction": t["paced_fraction"]} for p, t in tots.items()}
+    return rows
 
 
 def prefix(out: Path) -> dict:
@@ -147,7 +162,7 @@ def shift(out: Path) -> dict:
     return rows
 
 
-STUDIES = {"capacity": capacity, "burst": burst, "prefix": prefix, "dense": dense, "shift": shift}
+STUDIES = {"capacity": capacity, "burst": burst, "pacing": pacing, "prefix": prefix, "dense": dense, "shift": shift}
 
 
 def main() -> None:

@@ -24,14 +24,15 @@ GBIT = 1e9
 COST = ModelCost(kv_bytes_per_token=1e5, local_coef=(0.0, 1e-4, 0.0), remote_coef=(0.0, 5e-5, 0.0))
 
 
-def views(local_queued: int = 0) -> tuple[InstanceView, ...]:
-    return (InstanceView("r0", "prfaas", True, 0, 0, 0), InstanceView("l0", "local_prefill", True, local_queued, 4, 0),
-            InstanceView("d0", "decode", True, 0, 0, 0))
+def views(local_queued: int = 0, remote_busy: bool = True) -> tuple[InstanceView, ...]:
+    r_inflight, r_queued = (1, 2_000) if remote_busy else (0, 0)  # busy: 0.1 s of PrfaaS work ahead
+    return (InstanceView("r0", "prfaas", True, r_queued, r_inflight, 0),
+            InstanceView("l0", "local_prefill", True, local_queued, 4, 0), InstanceView("d0", "decode", True, 0, 0, 0))
 
 
-def decide(in_flight_bytes: float, waited_s: float = 0.0, local_queued: int = 400_000):
+def decide(in_flight_bytes: float, waited_s: float = 0.0, local_queued: int = 400_000, remote_busy: bool = True):
     pol = make_policy("paced", PolicyParams(threshold=1000, pace_max_s=1.0, pace_step_s=0.25), COST)
-    return pol.decide(RouteInput(20_000, views(local_queued), LinkView(GBIT, 0.0, in_flight_bytes), 0.0,
+    return pol.decide(RouteInput(20_000, views(local_queued, remote_busy), LinkView(GBIT, 0.0, in_flight_bytes), 0.0,
                                  waited_s=waited_s))
 
 
@@ -44,6 +45,13 @@ def test_sends_it_when_the_link_has_room_or_its_hold_is_spent():
     assert decide(in_flight_bytes=0.0).pace_s == 0.0  # 16 s for its own 2 GB, but nothing ahead: no gain
     assert decide(in_flight_bytes=2e9, waited_s=1.0).pace_s == 0.0
     assert decide(in_flight_bytes=2e9, waited_s=0.9).pace_s == pytest.approx(0.1)
+
+
+def test_an_idle_prfaas_instance_is_never_held_back():
+    # the link binds (16 s of KV ahead), but holding would leave PrfaaS idle: its compute is lost for good and the
+    # held backlog meets a PrfaaS queue when the link recovers; it goes now, its transfer shares the link
+    d = decide(in_flight_bytes=2e9, remote_busy=False)
+    assert d.pace_s == 0.0 and d.route == "prfaas" and d.reason == "long"
 
 
 def test_a_caller_that_cannot_wait_gets_no_hold():
@@ -63,6 +71,7 @@ def test_routing_core_holds_then_routes(tmp_path):
     core.set_routing({"pace_max_s": 0.3, "pace_step_s": 0.1}, why="test")
     core.cluster.link.add(1e9, time.monotonic() - 1)  # 8 s of KV on the wire
     core.cluster.instances["l0"].server_queued_tokens = 10**6  # local pool busy: bandwidth-aware keeps it remote
+    core.cluster.instances["r0"].server_queued_tokens = 10  # PrfaaS busy too (an idle one is never held back)
 
     async def body():
         t0 = time.monotonic()
