@@ -5,7 +5,8 @@ The paper's other hybrid families on real SGLang (CPU): Kimi Linear (KDA : MLA =
 MiMo-V2-Flash-style SWA : GQA = 3 : 1 model (window 128). Per family: colocated greedy == HF transformers
 greedy; PD over prfaas_zmq (chunked prefill 512 < the 1,600-token prompt) == colocated; the bytes the
 prefill's transport acknowledged == router/kv_accounting.py within 1% — MLA moves one latent buffer per
-layer, SWA layers only the window's pages. Three servers per family, one family at a time."""
+layer, SWA layers only the window's pages. Three servers per family, one family at a time; then Kimi Linear
+under `--radix-cache-backend prfaas_hybrid` against a no-cache server (two more servers)."""
 from __future__ import annotations
 
 import json
