@@ -74,22 +74,44 @@ class LinkState:
     transfers: dict[int, tuple[float, float]] = field(default_factory=dict)  # id -> (start s, KV bytes)
     next_id: int = 0
     rates: CounterRates = field(default_factory=CounterRates)  # goodput from the transports' byte counters
+    # How busy the link was between two readings (see LinkView.drain_bps): seconds the book had bytes in flight,
+    # integrated up to ``seen_at``, and (time, busy_s) at the last reading.
+    busy_s: float = 0.0
+    seen_at: float = float("-inf")
+    busy_mark: tuple[float, float] | None = None
+    busy: float = 0.0  # share of the last reading's interval with bytes in flight; 0 until two readings
 
-    def add(self, nbytes: float, start_at: float) -> int:
+    def add(self, nbytes: float, start_at: float, now: float | None = None) -> int:
         """Register a remote attempt's KV; returns the id to pass to ``done``."""
+        self._advance(now)
         self.next_id += 1
         self.transfers[self.next_id] = (start_at, nbytes)
         return self.next_id
 
-    def done(self, tid: int) -> None:
+    def done(self, tid: int, now: float | None = None) -> None:
+        self._advance(now)
         self.transfers.pop(tid, None)
+
+    def _advance(self, now: float | None) -> None:
+        """Integrate busy time up to ``now``. Between two calls the book is fixed, so the link has bytes in
+        flight from the earliest start on (starts lie in the future while prefills queue)."""
+        now = time.monotonic() if now is None else now
+        if self.transfers:
+            first = min(start for start, _ in self.transfers.values())
+            self.busy_s += max(0.0, now - max(self.seen_at, first))
+        self.seen_at = max(self.seen_at, now)
 
     def measured(self, sample: Sample | None, now: float | None = None) -> None:
         """A transport stats sample (see ``link_sample``), or None: no usable stats, goodput unknown (0)."""
+        now = time.monotonic() if now is None else now
         self.goodput_bps, self.queue_delay_s = (sample[0], sample[1]) if sample else (0.0, 0.0)
         self.stats_ok = sample is not None
         if sample is not None:
-            self.good_at = time.monotonic() if now is None else now
+            self.good_at = now
+        self._advance(now)
+        if self.busy_mark is not None and now > self.busy_mark[0]:
+            self.busy = min(1.0, (self.busy_s - self.busy_mark[1]) / (now - self.busy_mark[0]))
+        self.busy_mark = (now, self.busy_s)
 
     def missed(self, now: float) -> None:
         """A poll that got no answer (timeout, refused). The poll crosses the link it measures, so a busy link
@@ -110,7 +132,7 @@ class LinkState:
 
     def view(self, now: float) -> LinkView:
         moving, queued = self.split(now)
-        return LinkView(self.capacity_bps, self.goodput_bps, moving, self.queue_delay_s, queued)
+        return LinkView(self.capacity_bps, self.goodput_bps, moving, self.queue_delay_s, queued, self.busy)
 
 
 @dataclass(slots=True)

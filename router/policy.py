@@ -49,12 +49,18 @@ class LinkView:
     bytes_in_flight: float = 0.0  # KV bytes being transferred now, not yet delivered
     queue_delay_s: float = 0.0  # measured transport queue delay
     bytes_queued: float = 0.0  # KV bytes of remote requests routed but still waiting for their prefill
+    busy: float = 1.0  # share of goodput's measurement window the link had bytes to move (the simulator's 1.0)
 
     def drain_bps(self) -> float:
-        """Rate at which the backlog drains: measured goodput when known (busy link), else capacity."""
-        if self.goodput_bps > 0:
-            return min(self.capacity_bps, self.goodput_bps)
-        return self.capacity_bps
+        """Rate at which the backlog drains: what the link moved while it had bytes to move, at most capacity.
+
+        Goodput is bytes over the whole window: a link busy 5% of it measures 5% of what it can carry, and
+        taken as the drain rate that made the router see a backlog 20x too long and hold or move requests an
+        idle link would have taken. Goodput / busy is the rate while busy; unknown goodput or a link that was
+        idle throughout (busy 0) tells nothing below capacity."""
+        if self.goodput_bps <= 0 or self.busy <= 0:
+            return self.capacity_bps
+        return min(self.capacity_bps, self.goodput_bps / min(self.busy, 1.0))
 
     def transfer_s(self, nbytes: float) -> float:
         """Seconds to move ``nbytes`` at the drain rate (inf on a dead link)."""

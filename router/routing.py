@@ -111,8 +111,8 @@ class RoutingCore:
         if self.controller is None:
             return
         observe_link = getattr(self.controller, "observe_link", None)
-        if observe_link is not None and self.cluster.link.stats_ok:
-            observe_link(self.cluster.link.goodput_bps, now)
+        if observe_link is not None and self.cluster.link.stats_ok:  # the drain rate, not an idle link's goodput
+            observe_link(self.cluster.link.view(time.monotonic()).drain_bps(), now)
         upd = self.controller.maybe_update(now)
         if upd is None:
             return
