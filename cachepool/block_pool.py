@@ -71,13 +71,21 @@ class BlockPool:
             ref[b] = 1
         return out
 
-    def evict_one(self) -> bool:
-        """Evict the least recently released cached entry (all of its blocks) to the free list.
-        Returns False when nothing is evictable. For callers that mirror the index onto memory
-        they allocate themselves and must give memory back on demand."""
-        if not self._lru:
+    def evict_one(self, owner: Optional[EntryOwner] = None) -> bool:
+        """Evict the least recently released cached entry (all of its blocks) to the free list, or
+        `owner`'s least recently released one. Returns False when nothing (of owner's) is evictable.
+        For callers that mirror the index onto memory they allocate themselves and must give memory
+        back on demand (an SGLang SWA model is short of window pages, not of full-attention KV)."""
+        if owner is None:
+            if not self._lru:
+                return False
+            self._evict_one()
+            return True
+        if not self._idle.get(owner):
             return False
-        self._evict_one()
+        owners = self.owner
+        block = next(b for b in self._lru if owners[b] is owner)  # O(LRU) scan: eviction is rare
+        self.evict_entry(block)
         return True
 
     def _evict_one(self) -> None:
@@ -95,6 +103,18 @@ class BlockPool:
             self.owner[b] = None
             self._free.append(b)
         self._idle[manager] -= len(dropped)  # type: ignore[index]
+
+    def uncache(self, manager: EntryOwner, block_hash: int) -> None:
+        """Drop manager's entry now, referenced or not. Idle blocks go to the free list; referenced
+        ones stay with their holders as uncached blocks (freed at their last decref). For a caller
+        whose memory cannot back an entry the pool indexed (SGLang's SWA pages already freed)."""
+        lru, owner, free = self._lru, self.owner, self._free
+        for b in manager.drop_entry(block_hash):
+            owner[b] = None
+            if b in lru:
+                del lru[b]
+                free.append(b)
+                self._idle[manager] -= 1
 
     # -- references ---------------------------------------------------------------------------
     def incref(self, blocks: list[int]) -> None:

@@ -140,10 +140,20 @@ class HybridCachePool:
         cached blocks become evictable, everything else returns to the free list."""
         self._release(self._reqs.pop(req_id))
 
-    def evict_lru(self) -> bool:
-        """Evict the least recently released cached entry; False if none is evictable. Emits
-        BlockRemoved. For a caller whose memory the index mirrors (an SGLang tree backend)."""
-        return self.blocks.evict_one()
+    def evict_lru(self, group: Optional[str] = None) -> bool:
+        """Evict the least recently released cached entry (of `group` if given); False if none is
+        evictable. Emits BlockRemoved. For a caller whose memory the index mirrors (an SGLang tree
+        backend)."""
+        return self.blocks.evict_one(None if group is None else self._by_name[group])
+
+    def uncache(self, group: str, hashes: Sequence[int]) -> None:
+        """Drop `group`'s entries for these hashes (those it holds), referenced or not; a request
+        holding one keeps the block as its own. Emits BlockRemoved. For a caller that cannot back
+        an entry the pool stored, or that drops entries no hit can reach any more."""
+        m = self._by_name[group]
+        for h in hashes:
+            if h in m.index:
+                self.blocks.uncache(m, h)
 
     def _release(self, req: _Request) -> None:
         for m, st in zip(reversed(self.managers), reversed(req.states)):
