@@ -151,3 +151,25 @@ def _without(tmp_path):
     raw = _with_supervisor(tmp_path)
     raw.pop("supervisor")
     return raw
+
+
+def test_the_examples_documented_supervisor_block_is_accepted(tmp_path):
+    """The example file documents [supervisor] commented out (a routable deployment needs a token): uncommented
+    as its comment says, it must parse and give the router a supervisor actuator."""
+    import tomllib
+
+    from prfaas_sgl.router.config import RouterConfig, parse_supervisor_urls
+    from tests.support.router_standin import build_tiny_tokenizer
+
+    text = EXAMPLE.read_text()
+    block = [line.removeprefix("#").strip() for line in text[text.index("# [supervisor]"):].splitlines()]
+    doc = tomllib.loads("\n".join("[router]" if line.startswith("[router]") else line for line in block))
+    raw = tomllib.loads(text)
+    raw["supervisor"] = doc["supervisor"]
+    raw["router"].update(doc["router"], controller_scenario=str(next(
+        (Path(__file__).resolve().parents[2] / "scenarios").glob("*.toml"))))  # the documented path is the target's
+    dep = config.parse(raw)
+    fields = dep.router_fields(tokenizer_path=build_tiny_tokenizer(str(tmp_path / "tok")))
+    assert set(parse_supervisor_urls(fields["supervisor_urls"])) == {"local-prefill-0", "decode-0", "decode-1"}
+    cfg = RouterConfig.from_flags(**fields)
+    assert (cfg.controller, cfg.actuator, cfg.switch_confirm, cfg.switch_dwell_s) == ("planner", "supervisor", 2, 600.0)
