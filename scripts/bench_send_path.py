@@ -275,26 +275,36 @@ def scheduler_case(case: Case, repeat: int, child) -> dict:
 # -- the decode side: a receiver process (on loopback, or in a network namespace behind a tc tbf link) -----
 def serve_receiver(host: str) -> None:
     """Child process: per case line read from stdin, one ZmqReceiver expecting `repeat` requests; prints
-    its port, then one result line per request."""
+    its port, then one result line per request.
+
+    A case's receiver is closed only when the parent moves on (the next case line, or end of input), never
+    right after its last request: the receiver is DONE when it queues its Done reply, and closing it then
+    (LINGER 0) discards that reply before it leaves, so the parent's last request of each case timed out."""
     from prfaas_sgl.srt.backend.memory import KVMemory, transfer_id
     from prfaas_sgl.transfer.config import TransferConfig
 
     from prfaas_sgl.transfer.receiver import ZmqReceiver
 
-    for line in sys.stdin:
-        tokens, page_size, fragmented, repeat = json.loads(line)
-        case = Case(tokens, page_size, fragmented)
-        args, arrays = kv_args(case)  # kept alive until the receiver is closed (raw pointers)
-        mem = KVMemory.of(args)
-        rx = ZmqReceiver(mem.layout, mem.buffers, TransferConfig(**CFG_KW), host=host)
-        tids = [transfer_id(ROOM_BASE + r, DECODE_IP, DECODE_PORT) for r in range(repeat)]
-        for r, tid in enumerate(tids):
-            rx.expect(tid, mem.batch(chunk_pages(case, seed=100 + r, chunks=2), [np.array([1])], 1))
-        print(json.dumps({"port": rx.address.port}), flush=True)
-        for tid in tids:
-            status = rx.wait(tid, 300)
-            print(json.dumps({"state": status.state.value, "reason": status.reason}), flush=True)
-        rx.close()
+    rx = arrays = None
+    try:
+        for line in sys.stdin:
+            if rx is not None:
+                rx.close()
+            tokens, page_size, fragmented, repeat = json.loads(line)
+            case = Case(tokens, page_size, fragmented)
+            args, arrays = kv_args(case)  # kept alive until the receiver is closed (raw pointers)
+            mem = KVMemory.of(args)
+            rx = ZmqReceiver(mem.layout, mem.buffers, TransferConfig(**CFG_KW), host=host)
+            tids = [transfer_id(ROOM_BASE + r, DECODE_IP, DECODE_PORT) for r in range(repeat)]
+            for r, tid in enumerate(tids):
+                rx.expect(tid, mem.batch(chunk_pages(case, seed=100 + r, chunks=2), [np.array([1])], 1))
+            print(json.dumps({"port": rx.address.port}), flush=True)
+            for tid in tids:
+                status = rx.wait(tid, 300)
+                print(json.dumps({"state": status.state.value, "reason": status.reason}), flush=True)
+    finally:
+        if rx is not None:
+            rx.close()
         del arrays
 
 
