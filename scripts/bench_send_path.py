@@ -158,7 +158,7 @@ def _mooncake(case: Case, repeat: int) -> dict:
 
 # -- ours: PrefillManager.add_transfer_request on the staged path ------------------------------------------
 CFG_KW = dict(timeout_s=120)
-ROOM_BASE, DECODE_IP, DECODE_PORT = 1000, "127.0.0.1", 5555
+ROOM_BASE, DECODE_PORT = 1000, 5555  # the decode's control port; its address is the receiver's host
 
 
 def prefill_manager(args, cfg):
@@ -173,7 +173,7 @@ def prefill_manager(args, cfg):
     m.request_status, m.failure_records, m.failure_lock = {}, {}, threading.Lock()
     m._deferred_ack_targets, m._deferred_ack_poisoned_rooms = {}, set()
     m._staging_outstanding, m.deferred_bootstrap = collections.defaultdict(int), None
-    m.local_ip, m.rank_port, m.attn_tp_size, m._stopped, m.is_mla_backend = DECODE_IP, DECODE_PORT, 1, False, False
+    m.local_ip, m.rank_port, m.attn_tp_size, m._stopped, m.is_mla_backend = "127.0.0.1", DECODE_PORT, 1, False, False
     m.send_kv_status_message = lambda **kw: None
     m.peers = PeerBook(Admission(None, None))
     m.rejections, m._open, m._lock, m._wake = {}, {}, threading.Lock(), threading.Event()
@@ -183,25 +183,27 @@ def prefill_manager(args, cfg):
     return m
 
 
-def _register(m, data_host: str, data_port: int, layout) -> None:
+def _register(m, host: str, data_port: int, layout) -> None:
+    """The decode at `host` registers, as seen from its own address (a prefill admits a Register only from
+    the host it names: on the tbf link that is the namespace's address, not loopback)."""
     from prfaas_sgl.srt.backend import control
 
-    reg = control.Register(endpoint=DECODE_IP, dst_port=DECODE_PORT, data_host=data_host, data_port=data_port,
+    reg = control.Register(endpoint=host, dst_port=DECODE_PORT, data_host=host, data_port=data_port,
                            server_key=None, layout=layout, page_size=m.kv_args.page_size, attn_tp_size=1, tp_rank=0)
-    m._on_control(control.encode(reg), DECODE_IP)
-    if m.rejections:
-        raise RuntimeError(m.rejections)
+    m._on_control(control.encode(reg), host)
+    if m.rejections or reg.session not in m.peers:  # refused: every transfer would wait out its timeout
+        raise RuntimeError(m.rejections or m.peers.unregistered(reg.session))
 
 
-def _open_room(m, room: int, npages: int) -> None:
+def _open_room(m, host: str, room: int, npages: int) -> None:
     from sglang.srt.disaggregation.base.conn import KVPoll
 
     from prfaas_sgl.srt.backend import control
 
-    meta = control.Metadata(room=room, endpoint=DECODE_IP, dst_port=DECODE_PORT, npages=npages, aux_index=0,
+    meta = control.Metadata(room=room, endpoint=host, dst_port=DECODE_PORT, npages=npages, aux_index=0,
                             state_indices=[[0]], decode_prefix_len=0, required_dst_info_num=1, is_dummy=False)
     m.request_status[room] = KVPoll.Bootstrapping
-    m._on_control(control.encode(meta), DECODE_IP)
+    m._on_control(control.encode(meta), host)
 
 
 def request_bytes(mem, npages: int) -> int:
@@ -228,9 +230,9 @@ def ours_requests(case: Case, repeat: int, host: str, child, rate: str | None = 
         _register(m, host, json.loads(child.stdout.readline())["port"], mem.layout)
         nbytes = request_bytes(mem, 2 * case.pages)
         for r in range(repeat):
-            room, tid = ROOM_BASE + r, transfer_id(ROOM_BASE + r, DECODE_IP, DECODE_PORT)
+            room, tid = ROOM_BASE + r, transfer_id(ROOM_BASE + r, host, DECODE_PORT)
             src = chunk_pages(case, seed=r, chunks=2)
-            _open_room(m, room, len(src))
+            _open_room(m, host, room, len(src))
             t0 = time.perf_counter()
             for k, last in ((0, False), (1, True)):
                 pages = src[k * case.pages: (k + 1) * case.pages]
@@ -295,7 +297,7 @@ def serve_receiver(host: str) -> None:
             args, arrays = kv_args(case)  # kept alive until the receiver is closed (raw pointers)
             mem = KVMemory.of(args)
             rx = ZmqReceiver(mem.layout, mem.buffers, TransferConfig(**CFG_KW), host=host)
-            tids = [transfer_id(ROOM_BASE + r, DECODE_IP, DECODE_PORT) for r in range(repeat)]
+            tids = [transfer_id(ROOM_BASE + r, host, DECODE_PORT) for r in range(repeat)]
             for r, tid in enumerate(tids):
                 rx.expect(tid, mem.batch(chunk_pages(case, seed=100 + r, chunks=2), [np.array([1])], 1))
             print(json.dumps({"port": rx.address.port}), flush=True)

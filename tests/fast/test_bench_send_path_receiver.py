@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import prfaas_sgl.transfer.receiver as receiver_mod
+from prfaas_sgl.transfer.config import TransferConfig
 
 _BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench_send_path.py"
 
@@ -79,3 +80,19 @@ def test_receiver_outlives_its_last_request_until_the_parent_moves_on(monkeypatc
                 f.close()
             except (OSError, ValueError):
                 pass
+
+
+def test_a_decode_behind_the_tbf_link_registers_from_its_own_address():
+    """The link runs put the receiver in a network namespace (10.77.x.2): its Register must name and come
+    from that address, as a prefill admits a decode only from the host it names. The harness registered it
+    as 127.0.0.1 with a 10.77 data host: refused, and every link request waited out its 300 s."""
+    bench = _bench()
+    case = bench.Case(64, 64, False)
+    args, arrays = bench.kv_args(case)
+    m = bench.prefill_manager(args, TransferConfig(timeout_s=5))
+    try:
+        bench._register(m, "10.77.0.2", 4242, m.memory.layout)
+        assert "10.77.0.2:5555" in m.peers
+    finally:
+        m.sender.close()
+        del arrays
