@@ -62,6 +62,12 @@ class PrfaasConfig:
         "remote prefill sets its routable address; the endpoint is read-only telemetry (GET /stats, /metrics).",
         default="127.0.0.1",
     )
+    unified_pool: bool = _opt(
+        "One memory pool for full-attention KV and linear-attention states (issue 17): SGLang's KV and "
+        "Mamba pools become one slab of aligned blocks with one free list, so memory flows to whichever "
+        "the load needs. Colocated hybrid models with --radix-cache-backend prfaas_hybrid, --page-size 1.",
+        default=False,
+    )
 
     def __post_init__(self):
         if self.role not in ROLES:

@@ -66,6 +66,7 @@ def _install_cache_backend(HookRegistry, HookType) -> None:
         log.debug("prfaas_hybrid cache backend unavailable: %s", e)
         return
     cachepool_backend.register()
+    HookRegistry.register(cachepool_backend.CONFIGURE, cachepool_backend.after_configure, HookType.AFTER)
 
 
 # --- transfer backend ----------------------------------------------------------------------------

@@ -14,8 +14,9 @@ SNAPSHOT = Path(__file__).parent / "data" / "cli_flags.json"
 # Flags added since the snapshot, on purpose: PolicyParams' pacing knobs became router flags when the
 # router's policy settings started to be generated from PolicyParams (before, only /admin/routing set them).
 # The supervisor actuator's flags (issue 15): the controller acts on servers `prfaas up` owns.
+# --prfaas-unified-pool: one slab for KV and linear-attention states (issue 17).
 ADDED = {"router": {"--pace-max-s", "--pace-step-s", "--actuator", "--supervisor-urls", "--supervisor-token",
-                    "--switch-confirm", "--switch-dwell-s"}}
+                    "--switch-confirm", "--switch-dwell-s"}, "prfaas": {"--prfaas-unified-pool"}}
 
 
 def _action(a: argparse.Action, group: str) -> dict:

@@ -8,6 +8,7 @@ the cache module (and its torch/sglang imports) loads when a server selects the 
 from __future__ import annotations
 
 NAME = "prfaas_hybrid"
+CONFIGURE = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure"
 
 
 def register() -> None:
@@ -21,3 +22,15 @@ def _factory(ctx):
     from .cache import build
 
     return build(ctx)
+
+
+def after_configure(result, configurator, *args, **kwargs):
+    """AFTER hook on KVCacheConfigurator.configure (`CONFIGURE`): with --prfaas-unified-pool, SGLang's
+    KV and Mamba pools become one slab (`unified.py`, loaded only then)."""
+    from prfaas_sgl.srt import flags
+
+    if not flags.get_config(configurator.server_args).unified_pool:
+        return None
+    from .unified import unify
+
+    return unify(result, configurator)

@@ -333,12 +333,26 @@ class PrfaasHybridCache(BasePrefixCache):
     # -- eviction and sizes ---------------------------------------------------------------------
     def evict(self, params: EvictParams) -> EvictResult:
         """Evict LRU entries until enough is freed; their slots go back in one free per allocator."""
+        slab = getattr(self.token_to_kv_pool_allocator, "slab_blocks", None)
+        met = self._shortfall_met(params, slab)
         tokens = states = 0
-        while (tokens < params.num_tokens or states < params.mamba_num) and self.pool.evict_lru():
+        while not met(tokens, states) and self.pool.evict_lru():
             t, s = self.mirror.apply(self.pool.drain_events())
             tokens, states = tokens + t, states + s
+            if slab is not None:
+                self.mirror.flush()
         self.mirror.flush()
         return EvictResult(num_tokens_evicted=tokens, mamba_num_evicted=states)
+
+    def _shortfall_met(self, params: EvictParams, slab):
+        """(tokens, states evicted so far) -> done? Over one slab (--prfaas-unified-pool) an entry of
+        either kind may free the block the other kind needs, so the allocators are asked instead (the
+        loop flushes after each eviction for that)."""
+        if slab is None:
+            return lambda tokens, states: tokens >= params.num_tokens and states >= params.mamba_num
+        kv = self.token_to_kv_pool_allocator
+        kv_want, state_want = kv.available_size() + params.num_tokens, slab.state_available() + params.mamba_num
+        return lambda tokens, states: kv.available_size() >= kv_want and slab.state_available() >= state_want
 
     # SGLang reads these several times per scheduler step: each is O(1) (the pool keeps per-group
     # idle counters; a linear state is one pool block here, see reset())
