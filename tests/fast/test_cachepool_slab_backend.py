@@ -18,8 +18,11 @@ from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToToke
 from sglang.srt.server_args import ServerArgs
 
 from prfaas_sgl.cachepool.slab_blocks import KV
+from prfaas_sgl.config import PrfaasConfig
+from prfaas_sgl.srt import flags
 from prfaas_sgl.srt.cachepool_backend import after_configure
 from prfaas_sgl.srt.cachepool_backend import cache as backend
+from prfaas_sgl.srt.cachepool_backend.slab_alloc import SlabStateAllocator, SlabTokenAllocator
 from prfaas_sgl.srt.cachepool_backend.unified import unify
 
 F32, CHUNK, BS = torch.float32, 32, 16  # 16 tokens per slab block: E = 32 B, state = 120 B
@@ -158,5 +161,17 @@ def test_refuses_what_it_does_not_serve(server, reason):
         unify(_sglang_result(), _configurator(**server))
 
 
-def test_flag_off_leaves_sglangs_pools():
-    assert after_configure(_sglang_result(), _configurator()) is None
+def test_refuses_per_slot_side_pools():
+    result = _sglang_result()
+    result.req_to_token_pool.mamba_ckpt_pool = object()  # --enable int8 checkpoints: sized by Mamba slots
+    with pytest.raises(ValueError, match="int8 Mamba checkpoints"):
+        unify(result, _configurator())
+
+
+def test_the_flag_turns_it_on():
+    conf = _configurator()
+    assert after_configure(_sglang_result(), conf) is None  # off: SGLang's pools stay
+    setattr(conf.server_args, flags.CONFIG_ATTR, PrfaasConfig(unified_pool=True))
+    out = after_configure(_sglang_result(), conf)
+    assert isinstance(out.token_to_kv_pool_allocator, SlabTokenAllocator)
+    assert isinstance(out.req_to_token_pool.mamba_allocator, SlabStateAllocator)

@@ -3,10 +3,8 @@
     SGLang KV slot t (page size 1)  ->  slab token slot t, i.e. block t // bs     (SlabMHATokenToKVPool)
     SGLang Mamba slot s             ->  slab block s                              (bind_mamba_pool)
 
-Only the storage is shared here. Both SGLang allocators still hand out ids on their own, so a KV slot
-in block b and Mamba slot b would alias: these pools must not serve until one allocator (the cache
-pool's BlockPool) hands out both kinds; see docs/unified-memory.md section 6. No server flag turns
-this on yet.
+Only the storage is shared here: a KV slot in block b and Mamba slot b alias, so these pools serve only
+under the slab's one free list (`slab_alloc.py`, wired by `unified.py` behind --prfaas-unified-pool).
 """
 from __future__ import annotations
 

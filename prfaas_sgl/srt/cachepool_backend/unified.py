@@ -11,6 +11,7 @@ own tensors are allocated first and dropped here, so start-up briefly holds both
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import msgspec
@@ -27,6 +28,7 @@ from . import NAME
 from .slab_alloc import SlabMambaPool, SlabStateAllocator, SlabTokenAllocator
 from .slab_pools import SlabMHATokenToKVPool, bind_mamba_pool, plan_layout
 
+log = logging.getLogger(__name__)
 GRANULARITY = 16  # tokens per block is a multiple of the backend's hash block (config.from_server)
 
 
@@ -84,6 +86,9 @@ def unify(result, configurator):
     kv.mamba_pool = req.mamba_pool = pools.mamba_pool
     req.mamba_allocator = pools.state_allocator
     max_tokens = (num_blocks - 1 - req.size) * layout.tokens_per_block  # KV's most, every row's state reserved
+    log.info("prfaas unified pool: %d blocks of %d B (%d tokens or one state, %.0f%% state padding), "
+             "from SGLang's %d KV tokens + %d Mamba slots", num_blocks, layout.block_bytes,
+             layout.tokens_per_block, 100 * layout.state_padding, alloc.size, old.size)
     return msgspec.structs.replace(result, token_to_kv_pool_allocator=pools.token_allocator,
                                    max_total_num_tokens=max_tokens)
 
@@ -108,6 +113,11 @@ def refusals(result, configurator) -> list[str]:
         (type(result.token_to_kv_pool_allocator) is not TokenToKVPoolAllocator, "needs --page-size 1"),
         (isinstance(req, HybridReqToTokenPool) and req.enable_mamba_extra_buffer,
          "needs --mamba-radix-cache-strategy no_buffer"),
+        # per-slot side pools sized by SGLang's Mamba slot count would not follow the slab's blocks
+        (getattr(getattr(req, "short_conv_pool", None), "enabled", False)
+         or getattr(getattr(req, "ngram_pool", None), "enabled", False)
+         or getattr(req, "mamba_ckpt_pool", None) is not None,
+         "does not support PLE side states or int8 Mamba checkpoints"),
         (mamba is not None and (type(mamba) is not MambaPool or getattr(mamba, "enable_linear_replayssm", False)),
          "does not support this Mamba pool variant (replayssm / envelope layout)"),
     )
