@@ -43,18 +43,19 @@ def _sglang_context():
     sglang_rc.reset_context()
 
 
-def _sglang_result(rows: int = 2) -> KVCacheConfigResult:
-    """What configure() returns for a 2-full + 2-GDN-layer model: 400 KV tokens, 8 Mamba slots."""
-    req = HybridReqToTokenPool(size=rows, mamba_size=8, mamba_spec_state_size=rows, max_context_len=64,
+def _sglang_result(rows: int = 2, kv_tokens: int = 400, mamba_slots: int = 8,
+                   context: int = 64) -> KVCacheConfigResult:
+    """What configure() returns for a 2-full + 2-GDN-layer model (default: 400 KV tokens, 8 Mamba slots)."""
+    req = HybridReqToTokenPool(size=rows, mamba_size=mamba_slots, mamba_spec_state_size=rows, max_context_len=context,
                                device="cpu", enable_memory_saver=False, cache_params=PARAMS,
                                mamba_layer_ids=[1, 2], enable_mamba_extra_buffer=False,
                                enable_overlap_schedule=False)
-    kv = HybridLinearKVPool(size=400, dtype=F32, page_size=1, head_num=1, head_dim=2,
+    kv = HybridLinearKVPool(size=kv_tokens, dtype=F32, page_size=1, head_num=1, head_dim=2,
                             full_attention_layer_ids=[0, 3], device="cpu", mamba_pool=req.mamba_pool)
-    return KVCacheConfigResult(max_total_num_tokens=400, max_running_requests=rows,
+    return KVCacheConfigResult(max_total_num_tokens=kv_tokens, max_running_requests=rows,
                                full_max_total_num_tokens=None, swa_max_total_num_tokens=None,
                                req_to_token_pool=req, token_to_kv_pool=kv,
-                               token_to_kv_pool_allocator=TokenToKVPoolAllocator(400, F32, "cpu", kv, False),
+                               token_to_kv_pool_allocator=TokenToKVPoolAllocator(kv_tokens, F32, "cpu", kv, False),
                                memory_pool_config=None)
 
 
