@@ -6,7 +6,8 @@ MiMo-V2-Flash-style SWA : GQA = 3 : 1 model (window 128). Per family: colocated 
 greedy; PD over prfaas_zmq (chunked prefill 512 < the 1,600-token prompt) == colocated; the bytes the
 prefill's transport acknowledged == router/kv_accounting.py within 1% — MLA moves one latent buffer per
 layer, SWA layers only the window's pages. Three servers per family, one family at a time; then Kimi Linear
-under `--radix-cache-backend prfaas_hybrid` against a no-cache server (two more servers)."""
+and the MiMo-style SWA model under `--radix-cache-backend prfaas_hybrid`, each against a no-cache server
+(two more servers each)."""
 from __future__ import annotations
 
 import json
@@ -119,8 +120,7 @@ def test_kv_buffers_per_layer(family):
 
 # --radix-cache-backend prfaas_hybrid with Kimi Linear: KDA states are checkpointed at chunk ends and restored
 # on a hit exactly as GDN's (tests/fast/test_cachepool_backend_states.py over SGLang's MambaPool with KDA's
-# shapes); here on a real server, against one with prefix caching off. MiMo (SWA) is not served yet: the
-# backend refuses sliding-window models (docs/cachepool-swa.md).
+# shapes); here on a real server, against one with prefix caching off. MiMo (SWA) below.
 GRID = 64
 
 
@@ -145,6 +145,36 @@ def test_kimi_prefix_cache_pool_hits_match_no_cache(kimi_pool):
     outs = [post(farm["pool"].url + "/generate", generate_body(system + q, NEW)) for q in questions]
     # the first computes everything; later ones resume at the last KDA checkpoint (chunk end) <= 300
     assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 256, 256], outs
+    for q, o in zip(questions, outs):
+        assert o["output_ids"] == post(farm["nocache"].url + "/generate", generate_body(system + q, NEW))["output_ids"]
+    log = Path(farm["pool"].spec.log_path).read_text(errors="replace")
+    assert log.count("prfaas_hybrid integrity ok") >= 3 and "AssertionError" not in log
+
+
+# --radix-cache-backend prfaas_hybrid with the sliding-window hybrid, colocated (docs/cachepool-swa.md): a hit
+# needs full-attention KV for the whole prefix but SWA pages only for the window (127 + 1 tokens) before it;
+# the pool keeps those and drops the rest under pressure (tests/fast/test_cachepool_backend_swa.py).
+@pytest.fixture(scope="module")
+def mimo_pool(log_dir):
+    common = dict(chunked_prefill_size=GRID, max_total_tokens=4096, max_running_requests=4)
+    farm = Farm({
+        "pool": spec(log_dir, "mimo_cachepool", MIMO, **common, env={"PRFAAS_CACHEPOOL_CHECK": "1"},
+                     extra_args=("--radix-cache-backend", "prfaas_hybrid", "--enable-cache-report")),
+        "nocache": spec(log_dir, "mimo_nocache", MIMO, **common, extra_args=("--disable-radix-cache",)),
+    }).start()
+    try:
+        yield str(ensure(MIMO)), farm
+    finally:
+        farm.stop()
+
+
+def test_mimo_prefix_cache_pool_hits_match_no_cache(mimo_pool):
+    path, farm = mimo_pool
+    system = prompt_ids(path, 300, seed=7)  # > 2 windows: the hit's early blocks need no SWA pages
+    questions = [prompt_ids(path, 20, seed=100 + i) for i in range(3)]
+    outs = [post(farm["pool"].url + "/generate", generate_body(system + q, NEW)) for q in questions]
+    # no state grid: later ones resume at the last whole 16-token block of the shared 300 tokens
+    assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 288, 288], outs
     for q, o in zip(questions, outs):
         assert o["output_ids"] == post(farm["nocache"].url + "/generate", generate_body(system + q, NEW))["output_ids"]
     log = Path(farm["pool"].spec.log_path).read_text(errors="replace")

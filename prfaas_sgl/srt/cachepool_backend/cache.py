@@ -23,6 +23,11 @@ each request as transfer-bound (its uncached tail is transfer-cache until SGLang
 after the transfer). A decode server (with --disaggregation-decode-enable-radix-cache) indexes
 full-attention KV only: its hit becomes SGLang's decode_prefix_len, the prefill sends the pages past
 it plus the prompt-end state, so decode never needs a cached state and any block-aligned prefix counts.
+
+Sliding-window hybrids (SWA + full attention, no linear layers; colocated only): a full group and an
+SWA group (window = sliding_window_size + 1) instead of the linear one; a hit is any block boundary
+whose window pages survive (swa.py, docs/cachepool-swa.md). A checkpoint raises the request's
+swa_evict_floor over what it hands the tree, so SGLang's window eviction never frees tree-owned pages.
 """
 from __future__ import annotations
 
@@ -35,12 +40,14 @@ import torch
 from sglang.srt.mem_cache.base_prefix_cache import (BasePrefixCache, DecLockRefResult, EvictParams,
                                                     EvictResult, IncLockRefResult, MatchPrefixParams,
                                                     MatchResult)
+from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
 from prfaas_sgl.cachepool import GroupSpec, HybridCachePool, PoolConfig
 
 from . import config as backend_config
 from .hashes import HashMemo
 from .mirror import FULL, LINEAR, Insert, Mirror
+from .swa import SWA, SwaMemory
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +73,7 @@ class _Entry:
     def __init__(self, pool_id: str) -> None:
         self.pool_id = pool_id
         self.start = 0  # the pool's hit at admission: checkpoints are planned past it only
-        self.stored: set[int] = set()  # block positions whose KV slots the tree owns now
+        self.stored: dict[int, int] = {}  # block position -> hash, for blocks whose KV slots the tree owns now
         self.first_gap = 0  # first grid boundary with no state: nothing at or past it is committed
         self.checked = 0  # grid boundaries <= checked (tokens) had a state and were committed
         self.offered = 0  # blocks [0, offered) were committed to the pool (it stores no more there)
@@ -76,10 +83,16 @@ def build(ctx) -> "PrfaasHybridCache":
     """Factory for SGLang's registry (TreeCacheBuildContext -> cache); rejects what it cannot serve."""
     p, sa = ctx.params, ctx.server_args
     mode = getattr(sa, "disaggregation_mode", "null") or "null"
+    swa = ctx.is_hybrid_swa
     problems = [msg for bad, msg in (
-        (not ctx.is_hybrid_ssm, "serves hybrid linear-attention (Mamba/GDN/KDA/Lightning) models only; "
-                                "omit --radix-cache-backend"),
-        (ctx.is_hybrid_swa, "does not handle sliding-window layers yet (docs/cachepool-swa.md)"),
+        (not (ctx.is_hybrid_ssm or swa), "serves hybrid linear-attention (Mamba/GDN/KDA/Lightning) and "
+                                         "sliding-window hybrid models only; omit --radix-cache-backend"),
+        (ctx.is_hybrid_ssm and swa, "does not handle a model with both sliding-window and linear-attention "
+                                    "layers yet (docs/cachepool-swa.md)"),
+        (swa and mode != "null", f"serves sliding-window models colocated only, not as a {mode} server yet "
+                                 "(docs/cachepool-swa.md, step 7); omit --radix-cache-backend there"),
+        (swa and getattr(ctx, "full_tokens_per_layer", None) == 0,
+         "needs full-attention layers (an all-sliding-window model has no prefix to index)"),
         (p.page_size != 1, f"needs --page-size 1, got {p.page_size}"),
         (ctx.enable_hierarchical_cache, "does not support --enable-hierarchical-cache"),
         # no_buffer also means no overlap scheduler (sglang/srt/arg_groups/mamba_hook.py:157-160
@@ -93,8 +106,13 @@ def build(ctx) -> "PrfaasHybridCache":
     ) if bad]
     if problems:
         raise ValueError("--radix-cache-backend prfaas_hybrid: " + "; ".join(problems))
-    cfg = backend_config.from_server(sa.chunked_prefill_size, p.token_to_kv_pool_allocator.size,
-                                     p.req_to_token_pool.mamba_pool.size, role=mode)
+    if swa:
+        alloc = p.token_to_kv_pool_allocator
+        cfg = backend_config.from_server(sa.chunked_prefill_size, alloc.size_full + alloc.size_swa, 0,
+                                         role=mode, swa_window=p.sliding_window_size + 1)
+    else:
+        cfg = backend_config.from_server(sa.chunked_prefill_size, p.token_to_kv_pool_allocator.size,
+                                         p.req_to_token_pool.mamba_pool.size, role=mode)
     return PrfaasHybridCache(p, cfg)
 
 
@@ -106,11 +124,14 @@ class PrfaasHybridCache(BasePrefixCache):
         # that prefix. So decode indexes KV alone and a hit is any block-aligned prefix (the hybrid
         # rule would cap it at a state checkpoint decode never has).
         self.kv_only = cfg.role == "decode"
+        self.swa = cfg.swa_window > 0
+        self.states = not (self.kv_only or self.swa)  # a linear group: state checkpoints and copies
         self.disable = False
         self.req_to_token_pool = params.req_to_token_pool
         self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
         self.page_size = params.page_size
-        self.sliding_window_size = None
+        # SGLang reads it for window eviction and its SWA admission budget
+        self.sliding_window_size = cfg.swa_window - 1 if self.swa else None
         self.device = torch.device("cpu") if not isinstance(
             self.token_to_kv_pool_allocator.device, (str, torch.device)) else torch.device(
             self.token_to_kv_pool_allocator.device)
@@ -121,15 +142,18 @@ class PrfaasHybridCache(BasePrefixCache):
     def reset(self) -> None:
         """Drop the index. SGLang calls this from flush_cache with no request running, and clears its
         own allocators alongside, so the mirrored slots are forgotten, not freed."""
-        groups = (GroupSpec(FULL, "full", 1, kv_bytes_per_token=1),
-                  GroupSpec(LINEAR, "linear", 1, state_bytes=self.bs,  # one block per state
-                            checkpoint_interval=self.cfg.checkpoint_interval))
-        if self.kv_only:
-            groups = groups[:1]
+        groups = (GroupSpec(FULL, "full", 1, kv_bytes_per_token=1),)
+        if self.states:
+            groups += (GroupSpec(LINEAR, "linear", 1, state_bytes=self.bs,  # one block per state
+                                 checkpoint_interval=self.cfg.checkpoint_interval),)
+        if self.swa:
+            groups += (GroupSpec(SWA, "swa", 1, kv_bytes_per_token=1, window=self.cfg.swa_window),)
         pool = self.pool = HybridCachePool(PoolConfig(self.cfg.num_blocks, self.bs, groups, enable_events=True))
+        allocator = self.token_to_kv_pool_allocator
+        swa = SwaMemory(allocator) if self.swa else None
         # block_of reads the full group's index (hash -> block) directly: a lookup per stored block
         self.mirror = Mirror(self.bs, self.cfg.num_blocks, self.device, pool.managers[0].index.__getitem__,
-                             self.token_to_kv_pool_allocator.free, self._free_state)
+                             swa.free_full if swa else allocator.free, self._free_state, swa)
         self.memo = HashMemo(self.bs, pool.cfg.hash_seed)
         self._reqs: dict[int, _Entry] = {}  # by req_pool_idx (unique while the row is held)
         self.root_node = Node(array("q"), ())
@@ -137,10 +161,24 @@ class PrfaasHybridCache(BasePrefixCache):
     def _free_state(self, slot) -> None:
         self.req_to_token_pool.mamba_allocator.free(slot)
 
-    def _drain(self, insert: Insert | None = None) -> tuple[int, int]:
-        counts = self.mirror.apply(self.pool.drain_events(), insert)
+    def _drain(self, insert: Insert | None = None) -> tuple[int, int, int]:
+        counts = self._apply(insert)
         self.mirror.flush()
         return counts
+
+    def _apply(self, insert: Insert | None = None) -> tuple[int, int, int]:
+        """Mirror the pool's events; SWA entries whose full entry went (or that memory cannot back)
+        are dropped from the pool too. Returns (KV tokens, states, window tokens) removed."""
+        tokens, states, windows = self.mirror.apply(self.pool.drain_events(), insert)
+        dropped = self.mirror.take_orphans() + (insert.swa_rejected if insert is not None else [])
+        while dropped:
+            self.pool.uncache(SWA, dropped)
+            t, s, w = self.mirror.apply(self.pool.drain_events())
+            tokens, states, windows = tokens + t, states + s, windows + w
+            dropped = self.mirror.take_orphans()
+        if insert is not None:
+            insert.swa_rejected = []
+        return tokens, states, windows
 
     # -- match and locks ------------------------------------------------------------------------
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
@@ -152,7 +190,7 @@ class PrfaasHybridCache(BasePrefixCache):
         seen = self.memo.get(getattr(req, "rid", None), ids)  # covers ids, maybe more of the request
         k = self.pool.match(ids, seen.hashes) // self.bs
         node = Node(seen.tokens[:k * self.bs], tuple(seen.hashes[:k]))
-        if self.kv_only:
+        if not self.states:
             return self._result(node)
         if k and params.cow_mamba and req is not None and not self._cow(req, node):
             node = self.root_node
@@ -243,15 +281,31 @@ class PrfaasHybridCache(BasePrefixCache):
         insert = Insert(self.req_to_token_pool.req_to_token[req.kv.req_pool_idx],
                         {hashes[i]: i for i in range(ent.offered, n)})
         on_grid = length == up_to and up_to % self.cfg.checkpoint_interval == 0
-        if not self.kv_only and on_grid and hashes[n - 1] not in self.mirror.state_of:
+        if self.states and on_grid and hashes[n - 1] not in self.mirror.state_of:
             insert.state_hash, insert.state = hashes[n - 1], self._snapshot(req)
+        if self.swa:
+            insert.swa_limit = self._protect_windows(req, length)
         point = self._commit_point(ent, hashes, length, insert)
         self.pool.commit(ent.pool_id, point)
         self._drain(insert)
         ent.offered = max(ent.offered, point // self.bs)
-        ent.stored.update(insert.stored_blocks)
+        ent.stored.update((i, hashes[i]) for i in insert.stored_blocks)
         if insert.state is not None:  # not indexed (no boundary planned, or the pool had it)
             self._free_state(insert.state)
+
+    def _protect_windows(self, req, length: int) -> int:
+        """Row positions below which this checkpoint may give the tree window pages. SGLang's window
+        eviction frees the row's [swa_dead_lo, cursor); raising swa_evict_floor over [0, length)
+        keeps it off pages the tree takes, but only while it has freed nothing there (the floor also
+        decides which part release frees full-side only). A finished request frees nothing more."""
+        kv = req.kv
+        if req.finished():
+            return length
+        dead_lo = kv.swa_dead_lo(self.page_size)
+        if kv.get_evicted_seqlen(ComponentType.SWA) <= dead_lo:
+            kv.swa_evict_floor = max(kv.swa_evict_floor, length)
+            return length
+        return dead_lo
 
     def _snapshot(self, req):
         """Copy the request's state into a fresh slot; None if no slot can be freed."""
@@ -272,7 +326,7 @@ class PrfaasHybridCache(BasePrefixCache):
             chunks [  chunk  )[ short )[  chunk   )   <- the second boundary has no state: stop
         """
         c, bs = self.cfg.checkpoint_interval, self.bs
-        if self.kv_only:
+        if not self.states:
             return length
         if not ent.first_gap:
             for b in range((max(ent.start, ent.checked) // c + 1) * c, length + 1, c):
@@ -290,6 +344,8 @@ class PrfaasHybridCache(BasePrefixCache):
         ent = self._reqs.get(kv.req_pool_idx)
         if ent is None or not ent.stored:
             return super().free_kv_row(kv, ranges)
+        if self.swa:
+            self._free_untaken_windows(kv, ent, ranges)
         pieces = []
         for start, end in ranges:
             pos = start
@@ -309,6 +365,18 @@ class PrfaasHybridCache(BasePrefixCache):
             super().free_kv_row(kv, pieces)
         finally:
             allocator.free_group_end()
+
+    def _free_untaken_windows(self, kv, ent: _Entry, ranges: list[tuple[int, int]]) -> None:
+        """free_kv_row skips the blocks the tree took, but the tree owns their window pages only
+        while its SWA index holds them: the live pages of the others are still the request's."""
+        bs = self.bs
+        mine = [i for i, h in ent.stored.items() if h not in self.mirror.swa_of
+                and any(s < (i + 1) * bs and i * bs < e for s, e in ranges)]
+        if mine:
+            row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
+            pos = torch.tensor(mine, dtype=torch.int64, device=row.device)
+            slots = row[(torch.arange(bs, device=row.device) + pos[:, None] * bs).reshape(-1)].to(torch.int64)
+            self.mirror.swa.free_window(slots[self.mirror.swa.alive(slots)])
 
     def on_release(self, req, *, checkpointed: bool) -> None:
         ent = self._reqs.pop(req.kv.req_pool_idx, None) if req.kv.req_pool_idx is not None else None
@@ -335,14 +403,24 @@ class PrfaasHybridCache(BasePrefixCache):
         """Evict LRU entries until enough is freed; their slots go back in one free per allocator."""
         slab = getattr(self.token_to_kv_pool_allocator, "slab_blocks", None)
         met = self._shortfall_met(params, slab)
-        tokens = states = 0
-        while not met(tokens, states) and self.pool.evict_lru():
-            t, s = self.mirror.apply(self.pool.drain_events())
-            tokens, states = tokens + t, states + s
+        tokens = states = windows = 0
+        while not (met(tokens, states) and windows >= params.swa_num_tokens):
+            group = self._evict_group(tokens < params.num_tokens, windows < params.swa_num_tokens)
+            if not (self.pool.evict_lru(group) or (group is not None and self.pool.evict_lru())):
+                break
+            t, s, w = self._apply()
+            tokens, states, windows = tokens + t, states + s, windows + w
             if slab is not None:
                 self.mirror.flush()
         self.mirror.flush()
-        return EvictResult(num_tokens_evicted=tokens, mamba_num_evicted=states)
+        return EvictResult(num_tokens_evicted=tokens, swa_num_tokens_evicted=windows, mamba_num_evicted=states)
+
+    def _evict_group(self, short_kv: bool, short_windows: bool) -> str | None:
+        """An SWA model short of window pages only evicts SWA entries first (they serve only hits no
+        longer than theirs); short of KV, full entries (their window pages go with them)."""
+        if not self.swa:
+            return None
+        return FULL if short_kv else SWA if short_windows else None
 
     def _shortfall_met(self, params: EvictParams, slab):
         """(tokens, states evicted so far) -> done? Over one slab (--prfaas-unified-pool) an entry of
@@ -366,8 +444,14 @@ class PrfaasHybridCache(BasePrefixCache):
 
     full_protected_size = protected_size
 
+    def swa_evictable_size(self) -> int:
+        return self.pool.idle_blocks(SWA) * self.bs if self.swa else 0
+
+    def swa_protected_size(self) -> int:
+        return len(self.mirror.swa_of) * self.bs - self.swa_evictable_size()
+
     def mamba_evictable_size(self) -> int:
-        return 0 if self.kv_only else self.pool.idle_blocks(LINEAR)
+        return self.pool.idle_blocks(LINEAR) if self.states else 0
 
     def mamba_protected_size(self) -> int:
         return len(self.mirror.state_of) - self.mamba_evictable_size()
@@ -383,7 +467,10 @@ class PrfaasHybridCache(BasePrefixCache):
         return torch.cat(vals) if vals else torch.empty((0,), dtype=torch.int64)
 
     def supports_mamba(self) -> bool:
-        return True
+        return not self.swa
+
+    def supports_swa(self) -> bool:
+        return self.swa
 
     def pretty_print(self) -> None:
         print(f"prfaas_hybrid: {self.total_size()} tokens, {len(self.mirror.state_of)} states cached")

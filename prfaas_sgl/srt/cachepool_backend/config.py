@@ -17,13 +17,17 @@ class BackendConfig:
     check_integrity: run HybridCachePool.check_integrity() + the mirror checks after each release.
     role: SGLang's --disaggregation-mode ("null" colocated, "prefill", "decode"). On a prefill server
         every request's KV leaves for a decode server: its uncached tail is transfer-cache, held
-        until the transfer completes (SGLang releases the request then)."""
+        until the transfer completes (SGLang releases the request then).
+    swa_window: tokens a sliding-window layer reads, the current one included (SGLang's
+        sliding_window_size + 1: its mask keeps k >= q - sliding_window_size); 0 for a model
+        without sliding-window layers."""
 
     block_size: int
     checkpoint_interval: int
     num_blocks: int
     check_integrity: bool = False
     role: str = "null"
+    swa_window: int = 0
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -37,11 +41,13 @@ class BackendConfig:
 
 
 def from_server(chunked_prefill_size: int | None, kv_tokens: int, mamba_slots: int,
-                block_size: int = 16, role: str = "null") -> BackendConfig:
-    """kv_tokens / mamba_slots: SGLang's pool sizes. The virtual pool gets twice the blocks they
-    could ever fill, plus room for per-request working states, so it never evicts on its own."""
+                block_size: int = 16, role: str = "null", swa_window: int = 0) -> BackendConfig:
+    """kv_tokens / mamba_slots: SGLang's pool sizes (for a sliding-window model, its full and SWA
+    slots together). The virtual pool gets twice the blocks they could ever fill, plus room for
+    per-request working states, so it never evicts on its own."""
     num_blocks = 2 * (kv_tokens // block_size + mamba_slots) + 4096
-    # decode indexes KV only (no checkpoints): the grid is unused there, any chunk size is fine
-    interval = block_size if role == "decode" else chunked_prefill_size or 0
+    # no state checkpoints on decode (KV only) or for a sliding-window model (no linear layers):
+    # the grid is unused there, any chunk size is fine
+    interval = block_size if role == "decode" or swa_window else chunked_prefill_size or 0
     return BackendConfig(block_size, interval, num_blocks,
-                         os.environ.get(CHECK_ENV) == "1", role)
+                         os.environ.get(CHECK_ENV) == "1", role, swa_window)

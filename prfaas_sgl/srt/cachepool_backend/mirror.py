@@ -12,6 +12,9 @@ so a checkpoint stores all of its new blocks with one gather from the request's 
 SGLang its prefix with one gather, and the slots of everything evicted in one call go back to SGLang
 with one gather and one allocator free (each `free` there concatenates the whole free list, so a free
 per block costs O(blocks x pool) — seconds at GPU pool sizes).
+
+A sliding-window model's SWA entries own the window pages of full entries' slots (swa.py): a hash is
+in `swa_of` only while its full entry's slots all have live peers the tree owns.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from prfaas_sgl.cachepool import AllBlocksCleared, BlockRemoved, BlockStored
+
+from .swa import SWA, SwaMemory
 
 FULL, LINEAR = "full", "linear"  # group names in the pool config
 
@@ -35,31 +40,43 @@ class Insert:
     state_hash: Optional[int] = None
     state: Any = None  # torch int64 [1]
     stored_blocks: list[int] = field(default_factory=list)  # positions the tree took over
+    # SWA: blocks ending past swa_limit (row positions) must not give the tree their window pages
+    # (the request may still free them); hashes the SWA group stored that memory cannot back
+    swa_limit: int = 0
+    swa_rejected: list[int] = field(default_factory=list)
 
 
 class Mirror:
     def __init__(self, block_size: int, num_blocks: int, device: torch.device,
                  block_of: Callable[[int], int], free_kv: Callable[[Any], None],
-                 free_state: Callable[[Any], None]) -> None:
-        """block_of(hash): the pool block of a cached full-attention hash."""
+                 free_state: Callable[[Any], None], swa: Optional[SwaMemory] = None) -> None:
+        """block_of(hash): the pool block of a cached full-attention hash. free_kv frees full slots
+        (for a sliding-window model: slots whose window pages are already gone)."""
         self.bs, self.device = block_size, device
         self.kv_table = torch.zeros((num_blocks, block_size), dtype=torch.int64, device=device)
         self.kv_of: dict[int, int] = {}  # full-group hash -> pool block (its row of kv_table)
         self.state_of: dict[int, Any] = {}  # linear-group hash -> int64 [1] Mamba slot
+        self.swa, self.swa_of = swa, set()  # SWA-group hashes (window pages: see module doc)
         self._block_of, self._free_kv, self._free_state = block_of, free_kv, free_state
         self._gone_blocks: list[int] = []  # removed, slots not yet given back (see flush)
         self._gone_states: list[Any] = []
+        self._gone_windows: list[int] = []  # full blocks whose window pages go back (SWA removed)
+        self._gone_both: list[int] = []  # full entries removed with their SWA entry
+        self.orphans: list[int] = []  # SWA entries whose full entry went: the pool must drop them
+        self._dropped: set[int] = set()  # SWA hashes with no memory of their own, removal pending
 
-    def apply(self, events: list, insert: Optional[Insert] = None) -> tuple[int, int]:
-        """Apply drained pool events; returns (KV tokens, state slots) removed. Removed memory goes
-        back to SGLang at the next flush(), all of it in one free per allocator."""
-        tokens = states = 0
+    def apply(self, events: list, insert: Optional[Insert] = None) -> tuple[int, int, int]:
+        """Apply drained pool events; returns (KV tokens, state slots, window tokens) removed.
+        Removed memory goes back to SGLang at the next flush(), all of it in one free per kind."""
+        tokens = states = windows = 0
         stores: list[BlockStored] = []
         for ev in events:
             if isinstance(ev, BlockRemoved):
                 if ev.group == FULL:
-                    self._gone_blocks += [self.kv_of.pop(h) for h in ev.block_hashes]
+                    windows += self._remove_full(ev.block_hashes)
                     tokens += self.bs * len(ev.block_hashes)
+                elif ev.group == SWA:
+                    windows += self._remove_windows(ev.block_hashes)
                 else:
                     self._gone_states += [self.state_of.pop(h) for h in ev.block_hashes]
                     states += len(ev.block_hashes)
@@ -68,31 +85,72 @@ class Mirror:
             elif isinstance(ev, AllBlocksCleared):
                 self.kv_of.clear()
                 self.state_of.clear()
+                self.swa_of.clear()
         if stores:
             # a block removed above may be stored again below (the pool reuses freed block ids):
             # its old slots must leave kv_table before the new ones overwrite them
             self.flush()
             self._store(stores, insert)
-        return tokens, states
+        return tokens, states, windows
+
+    def _remove_full(self, hashes: list[int]) -> int:
+        """A full entry takes its SWA entry along (a window without its prefix is never a hit);
+        returns the window tokens freed."""
+        windows = 0
+        for h in hashes:
+            block = self.kv_of.pop(h)
+            if h in self.swa_of:
+                self.swa_of.remove(h)
+                self._gone_both.append(block)
+                self.orphans.append(h)
+                self._dropped.add(h)
+                windows += self.bs
+            else:
+                self._gone_blocks.append(block)
+        return windows
+
+    def _remove_windows(self, hashes: list[int]) -> int:
+        windows = 0
+        for h in hashes:
+            if h in self.swa_of:
+                self.swa_of.remove(h)
+                self._gone_windows.append(self.kv_of[h])
+                windows += self.bs
+            else:  # rejected at its store, or its full entry went first: nothing of its own to free
+                self._dropped.remove(h)
+        return windows
 
     def flush(self) -> None:
         """Give the slots of every entry removed since the last flush back to SGLang."""
+        if self._gone_windows:  # first: the full-only frees below expect their peers gone
+            self.swa.free_window(self.kv_slots_of_blocks(self._gone_windows))
+            self._gone_windows = []
         if self._gone_blocks:
             self._free_kv(self.kv_slots_of_blocks(self._gone_blocks))
             self._gone_blocks = []
+        if self._gone_both:
+            self.swa.free_both(self.kv_slots_of_blocks(self._gone_both))
+            self._gone_both = []
         if self._gone_states:
             self._free_state(torch.cat(self._gone_states))
             self._gone_states = []
 
+    def take_orphans(self) -> list[int]:
+        """SWA hashes whose full entry was removed since the last call (their memory is freed)."""
+        out, self.orphans = self.orphans, []
+        return out
+
     def _store(self, stores: list[BlockStored], insert: Optional[Insert]) -> None:
         assert insert is not None, "BlockStored outside a checkpoint"
-        blocks, positions = [], []
+        blocks, positions, windows = [], [], []
         for ev in stores:
             for h in ev.block_hashes:
                 if ev.group == FULL:
                     blocks.append(self._block_of(h))
                     positions.append(insert.pos_of[h])
                     self.kv_of[h] = blocks[-1]
+                elif ev.group == SWA:
+                    windows.append(h)
                 else:
                     # the pool only plans checkpoints the backend vouched for (see cache._commit_point)
                     assert h == insert.state_hash and insert.state is not None, "checkpoint without a state"
@@ -101,6 +159,23 @@ class Mirror:
         if blocks:
             self._gather(insert.row, positions, blocks)
             insert.stored_blocks += positions
+        if windows:
+            self._store_windows(windows, insert)
+
+    def _store_windows(self, hashes: list[int], insert: Insert) -> None:
+        """Index an SWA block only if its full entry holds this row's slots (not another request's
+        copy), their window pages are all live, and the request will not free them (swa_limit);
+        the rest go to insert.swa_rejected, for the backend to drop from the pool."""
+        pos = torch.tensor([insert.pos_of[h] for h in hashes], dtype=torch.int64, device=self.device)
+        row_slots = insert.row[torch.arange(self.bs, device=self.device) + pos[:, None] * self.bs].to(torch.int64)
+        cached = self.kv_slots([*hashes]).view(len(hashes), self.bs)
+        ok = (row_slots == cached).all(1) & self.swa.alive(row_slots).all(1) & ((pos + 1) * self.bs <= insert.swa_limit)
+        for h, good in zip(hashes, ok.tolist()):
+            if good:
+                self.swa_of.add(h)
+            else:
+                insert.swa_rejected.append(h)
+                self._dropped.add(h)
 
     def _gather(self, row: Any, positions: list[int], blocks: list[int]) -> None:
         """kv_table[blocks[j]] = row[positions[j]*bs : (positions[j]+1)*bs] for all j, in one gather."""
@@ -119,12 +194,19 @@ class Mirror:
 
     def check(self, pool) -> None:
         """The mirror equals the pool's index, and no SGLang slot is held twice."""
-        full, *linear = pool.managers  # a decode server's pool has no linear group
+        groups = {m.name: m for m in pool.managers}  # a decode server's pool has no linear group
+        full, linear, swa = groups[FULL], groups.get(LINEAR), groups.get(SWA)
         assert set(full.index) == set(self.kv_of), "KV mirror differs from the full-attention index"
         assert all(full.index[h] == b for h, b in self.kv_of.items()), "KV mirror rows differ from the index"
-        assert set(linear[0].index if linear else ()) == set(self.state_of), \
+        assert set(linear.index if linear else ()) == set(self.state_of), \
             "state mirror differs from the linear index"
-        assert not (self._gone_blocks or self._gone_states), "removed slots not flushed"
+        assert set(swa.index if swa else ()) == self.swa_of, "window mirror differs from the SWA index"
+        assert self.swa_of <= set(self.kv_of), "an SWA entry outlived its full-attention entry"
+        assert not (self._gone_blocks or self._gone_states or self._gone_windows or self._gone_both), \
+            "removed slots not flushed"
+        assert not (self.orphans or self._dropped), "SWA entries the pool should have dropped"
+        if self.swa_of:
+            assert bool(self.swa.alive(self.kv_slots(list(self.swa_of))).all()), "a cached window page is gone"
         slots = self.kv_slots(list(self.kv_of)).tolist()
         assert len(slots) == len(set(slots)), "a KV slot is cached under two hashes"
         states = [int(t.item()) for t in self.state_of.values()]
