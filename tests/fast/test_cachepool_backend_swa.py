@@ -327,9 +327,43 @@ def test_swa_plus_linear_and_all_swa_models_are_refused():
         backend.build(ctx(allocator(), ssm=True))
     with pytest.raises(ValueError, match="needs full-attention layers"):
         backend.build(ctx(allocator(), full_tokens=0))
+    no_window = ctx(allocator())
+    no_window.params.sliding_window_size = None
+    with pytest.raises(ValueError, match="needs the model's sliding_window_size"):
+        backend.build(no_window)
 
 
 def test_groups_and_window_follow_sglang():
     cache = backend.build(ctx(allocator()))
     assert [(m.kind, getattr(m.spec, "window", 0)) for m in cache.pool.managers] == [("full", 0), ("swa", SWS + 1)]
     assert cache.supports_swa() and not cache.supports_mamba() and cache.sliding_window_size == SWS
+
+
+class _Draw:
+    def __init__(self, value):
+        self.value = value
+
+    def draw(self, strategy):
+        return self.value
+
+
+def test_finish_after_window_eviction_indexes_no_freed_page_and_frees_the_straddling_block():
+    """40-token prompt (2 chunks: the tree takes blocks 0-1, the floor is 32), 40 decode steps (SGLang frees
+    the row's pages [32, 56)), finish: blocks 2 (all freed) and 3 (half freed) are taken as full-attention KV
+    only, block 4 with its pages; block 3's live half goes back at release."""
+    m = SwaMachine()
+    m.start(p=0, cut=40, tail=[])
+    m.chunk_end(_Draw(0))
+    m.chunk_end(_Draw(0))
+    req = m.live[0][0]
+    assert req.kv.swa_evict_floor == 32
+    m.decode(_Draw(0), [1] * 40, False)
+    assert req.kv.get_evicted_seqlen(backend.ComponentType.SWA) == 56
+    m.release(_Draw(0))
+    c = m.cache
+    hashes = c.pool.hashes(list(range(1000, 1040)) + [1] * 40)
+    assert sorted(hashes.index(h) for h in c.mirror.kv_of) == [0, 1, 2, 3, 4]
+    assert sorted(hashes.index(h) for h in c.mirror.swa_of) == [0, 1, 4]
+    assert m.alloc.swa_available_size() == SWA_SLOTS - 3 * 16  # nothing else kept a page
+    m.slots_conserved()
+    m.sizes_equal_a_recount()

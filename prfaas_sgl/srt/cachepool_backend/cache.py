@@ -93,6 +93,8 @@ def build(ctx) -> "PrfaasHybridCache":
                                  "(docs/cachepool-swa.md, step 7); omit --radix-cache-backend there"),
         (swa and getattr(ctx, "full_tokens_per_layer", None) == 0,
          "needs full-attention layers (an all-sliding-window model has no prefix to index)"),
+        (swa and not getattr(p, "sliding_window_size", None), "needs the model's sliding_window_size "
+                                                             "(SGLang found none)"),
         (p.page_size != 1, f"needs --page-size 1, got {p.page_size}"),
         (ctx.enable_hierarchical_cache, "does not support --enable-hierarchical-cache"),
         # no_buffer also means no overlap scheduler (sglang/srt/arg_groups/mamba_hook.py:157-160
