@@ -9,12 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from sglang.srt import runtime_context as sglang_rc
-from sglang.srt.server_args import ServerArgs
 
 from prfaas_sgl.cachepool.slab_blocks import FREE, KV, STATE
 from prfaas_sgl.srt.cachepool_backend.slab_pools import plan_layout
 from prfaas_sgl.srt.cachepool_backend.unified import build_pools
+from tests.support.sglang_context import sglang_context  # noqa: F401 - autouse
 
 F32 = torch.float32
 # 2 full layers of 1 KV head x 2; 2 GDN layers with a conv state (2, 3) and a recurrent state (9,)
@@ -23,14 +22,6 @@ PARAMS = SimpleNamespace(shape=SimpleNamespace(conv=[(2, 3)], temporal=(9,)),
 LAYOUT = plan_layout(2, 1, 2, F32, PARAMS, num_linear_layers=2, granularity=2)
 BS = LAYOUT.tokens_per_block  # 4 tokens per block
 FULL = SimpleNamespace(dtype=F32, head_num=1, head_dim=2, layer_num=2, v_head_dim=2)
-
-
-@pytest.fixture(autouse=True)
-def _sglang_context():
-    sglang_rc.reset_context()
-    sglang_rc.publish(ServerArgs(model_path="dummy", device="cpu"), role="tokenizer")
-    yield
-    sglang_rc.reset_context()
 
 
 def _pools(num_blocks: int, rows: list[int]):

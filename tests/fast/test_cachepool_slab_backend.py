@@ -9,13 +9,11 @@ from types import SimpleNamespace as NS
 
 import pytest
 import torch
-from sglang.srt import runtime_context as sglang_rc
 from sglang.srt.managers.schedule_batch import ReqKvInfo
 from sglang.srt.mem_cache.allocation import alloc_req_slots, alloc_token_slots
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigResult
 from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
-from sglang.srt.server_args import ServerArgs
 
 from prfaas_sgl.cachepool.slab_blocks import KV
 from prfaas_sgl.config import PrfaasConfig
@@ -24,6 +22,7 @@ from prfaas_sgl.srt.cachepool_backend import after_configure
 from prfaas_sgl.srt.cachepool_backend import cache as backend
 from prfaas_sgl.srt.cachepool_backend.slab_alloc import SlabStateAllocator, SlabTokenAllocator
 from prfaas_sgl.srt.cachepool_backend.unified import unify
+from tests.support.sglang_context import sglang_context  # noqa: F401 - autouse
 
 F32, CHUNK, BS = torch.float32, 32, 16  # 16 tokens per slab block: E = 32 B, state = 120 B
 PARAMS = NS(shape=NS(conv=[(2, 3)], temporal=(9,)), dtype=NS(conv=F32, temporal=F32), is_kda=False, layers=[1, 2])
@@ -33,14 +32,6 @@ def _configurator(**server):
     sa = NS(**{"radix_cache_backend": "prfaas_hybrid", "disaggregation_mode": "null", **server})
     return NS(server_args=sa, is_draft_worker=False, spec_algorithm=NS(is_none=lambda: True),
               mambaish_config=NS(mamba2_cache_params=PARAMS))
-
-
-@pytest.fixture(autouse=True)
-def _sglang_context():
-    sglang_rc.reset_context()
-    sglang_rc.publish(ServerArgs(model_path="dummy", device="cpu"), role="tokenizer")
-    yield
-    sglang_rc.reset_context()
 
 
 def _sglang_result(rows: int = 2, kv_tokens: int = 400, mamba_slots: int = 8,

@@ -17,25 +17,16 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
-from sglang.srt import runtime_context as sglang_rc
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
-from sglang.srt.server_args import ServerArgs
 
 from prfaas_sgl.cachepool.slab_blocks import KV, STATE
 from prfaas_sgl.srt.cachepool_backend import cache as backend
 from prfaas_sgl.srt.cachepool_backend.unified import unify
 from tests.fast.test_cachepool_backend_calls import CHUNK, ROWS, BackendMachine
 from tests.fast.test_cachepool_slab_backend import _configurator, _sglang_result
+from tests.support.sglang_context import sglang_context  # noqa: F401 - autouse
 
 BS = 16  # tokens per slab block of the tiny layout (test_cachepool_slab_backend)
-
-
-@pytest.fixture(autouse=True)
-def _sglang_context():
-    sglang_rc.reset_context()
-    sglang_rc.publish(ServerArgs(model_path="dummy", device="cpu"), role="tokenizer")
-    yield
-    sglang_rc.reset_context()
 
 
 class SlabBackendMachine(BackendMachine):

@@ -6,12 +6,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from sglang.srt import runtime_context as sglang_rc
 from sglang.srt.mem_cache.memory_pool import MambaPool
-from sglang.srt.server_args import ServerArgs
 
 from prfaas_sgl.cachepool.slab import Slab
 from prfaas_sgl.srt.cachepool_backend.slab_pools import SlabMHATokenToKVPool, bind_mamba_pool, plan_layout
+from tests.support.sglang_context import sglang_context  # noqa: F401 - autouse
 
 F32 = torch.float32
 # 2 full layers of 1 KV head x 2; 2 GDN layers with a conv state (2, 3) and a recurrent state (9,)
@@ -19,14 +18,6 @@ PARAMS = SimpleNamespace(shape=SimpleNamespace(conv=[(2, 3)], temporal=(9,)),
                          dtype=SimpleNamespace(conv=F32, temporal=F32), is_kda=False, layers=[0, 1])
 LAYOUT = plan_layout(2, 1, 2, F32, PARAMS, num_linear_layers=2, granularity=2)
 NUM_BLOCKS = 6
-
-
-@pytest.fixture(autouse=True)
-def _sglang_context():
-    sglang_rc.reset_context()
-    sglang_rc.publish(ServerArgs(model_path="dummy", device="cpu"), role="tokenizer")
-    yield
-    sglang_rc.reset_context()
 
 
 def test_plan_layout_for_tiny_qwen35_hybrid():
