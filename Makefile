@@ -29,7 +29,7 @@ $(STAMP):
 	touch $(STAMP)
 
 models: setup
-	$(PY) -m prfaas_sgl.models.tiny
+	$(PY) -m prfaas_sgl.tools.models.tiny
 
 # One pytest run over both tiers (fast first, then real SGLang servers on CPU): one closing line for CI.
 test: models
@@ -43,7 +43,7 @@ test-sglang: models
 
 demo: models
 	@$(APT_PROMETHEUS)
-	$(PY) -m prfaas_sgl.demo
+	$(PY) -m prfaas_sgl.tools.demo
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -1,18 +1,18 @@
-"""`prfaas` command line: dispatches to one module per subcommand (prfaas_sgl.commands.*)."""
+"""`prfaas` command line: dispatches to one module per subcommand (prfaas_sgl.tools.commands.*)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 
-SUBCOMMANDS = ("plan", "simulate", "bench", "up", "keys", "render")  # module names under prfaas_sgl.commands
+SUBCOMMANDS = ("plan", "simulate", "bench", "up", "keys", "render")  # module names under prfaas_sgl.tools.commands
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prfaas", description="Prefill-as-a-Service tools")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS:
-        importlib.import_module(f"prfaas_sgl.commands.{name}").add_parser(sub)
+        importlib.import_module(f"prfaas_sgl.tools.commands.{name}").add_parser(sub)
     return parser
 
 

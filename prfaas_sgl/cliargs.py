@@ -1,7 +1,7 @@
 """Command-line flags generated from a frozen config dataclass: one flag per field, help from the field.
 
 The one generator behind the router's flags (`router/config.py`), the plugin's `--prfaas-*` SGLang flags
-(`prfaas_sgl/config.py`) and the load generator's (`prfaas_sgl/loadgen/config.py`). Each field's
+(`prfaas_sgl/config.py`) and the load generator's (`prfaas_sgl/tools/loadgen/config.py`). Each field's
 ``metadata["help"]`` is the help text; ``metadata["choices"]``, when set, the allowed values. No torch, no
 sglang: the plugin module imports this in every SGLang process.
 """

@@ -25,8 +25,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from prfaas_sgl.launch import SGLangServer, ServerSpec, free_port
-from prfaas_sgl.models.tiny import ensure
+from prfaas_sgl.tools.launch import SGLangServer, ServerSpec, free_port
+from prfaas_sgl.tools.models.tiny import ensure
 
 VARIANTS = {
     "none": (),

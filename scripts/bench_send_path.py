@@ -21,7 +21,7 @@ Measured per configuration:
   (the decode's place): the median over all chunks (`ours_ms_max`: the slowest); `gbit_s`: the request's
   bytes over (first add_transfer_request → sender DONE); `frames_per_mib`: chunk messages per MiB;
 - link (`--only link`, root): the same requests to a receiver process in a network namespace behind a
-  `tc tbf` veth link (prfaas_sgl/netns.py); `fraction_of_link` (tbf's ceiling is ~0.956).
+  `tc tbf` veth link (prfaas_sgl/tools/netns.py); `fraction_of_link` (tbf's ceiling is ~0.956).
 """
 from __future__ import annotations
 
@@ -315,7 +315,7 @@ def _gbit(rate: str) -> float:
 
 
 def link_runs(rates: list[str], tokens: int, repeat: int) -> list[dict]:
-    from prfaas_sgl import netns
+    from prfaas_sgl.tools import netns
 
     problem = netns.root_problem()
     if problem:

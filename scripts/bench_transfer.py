@@ -3,7 +3,7 @@
 Two processes per transport (scripts/bench_transfer_worker.py), on two paths:
   loopback   both on 127.0.0.1 (CPU-bound here: compare interleaved repetitions)
   1gbit/5gbit  sender (PrfaaS prefill) in a network namespace, receiver (decode) on the host, veth + tc tbf
-               (prfaas_sgl/netns.py; needs root, skipped with a message otherwise; always removed).
+               (prfaas_sgl/tools/netns.py; needs root, skipped with a message otherwise; always removed).
   tcp          plain one-connection TCP in the same run: the ceiling of the path under the current load.
 Payloads: `hybrid` (1T Kimi-Linear-like request, 8K tokens ≈ 307 MiB) and `dense` (GQA, ≈ 282 MiB).
 Reports goodput (Gbit/s, fraction of the tbf rate), CPU s/GB on both ends, CURVE on/off, 1-8 connections.
@@ -24,7 +24,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prfaas_sgl import netns  # noqa: E402
+from prfaas_sgl.tools import netns  # noqa: E402
 from bench_transfer_worker import Payload  # noqa: E402
 
 from prfaas_sgl.transfer.security import generate_keys  # noqa: E402

@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from prfaas_sgl.chaos.campaign import run_campaign
-from prfaas_sgl.chaos.config import CI, FULL
-from prfaas_sgl.chaos.outcome import VIOLATIONS
+from prfaas_sgl.tools.chaos.campaign import run_campaign
+from prfaas_sgl.tools.chaos.config import CI, FULL
+from prfaas_sgl.tools.chaos.outcome import VIOLATIONS
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

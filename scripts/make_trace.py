@@ -10,7 +10,7 @@ as shared leading hash ids. Example (paper lengths, Poisson 2 req/s, 4 turns, 4 
 import argparse
 import sys
 
-from prfaas_sgl.loadgen.workload import SyntheticSpec, synthesize, to_trace
+from prfaas_sgl.tools.loadgen.workload import SyntheticSpec, synthesize, to_trace
 from prfaas_sgl.workload.arrivals import ARRIVAL_KINDS, ArrivalSpec
 from prfaas_sgl.workload.traces import write_trace
 

@@ -2,7 +2,7 @@
 
 `prfaas up` starts the servers and the router as separate processes (and, across machines, on separate
 hosts), so the router cannot restart a server itself. Each machine's `prfaas up` keeps a supervisor
-(prfaas_sgl/deploy/supervisor.py) that owns that machine's server processes and answers a small admin API;
+(prfaas_sgl/tools/deploy/supervisor.py) that owns that machine's server processes and answers a small admin API;
 this actuator drives it. The switch is the processes actuator's (drain in the router, then stop and start in
 the other role, then readmit when healthy): only the stop and start cross HTTP, so the router's own drain
 bookkeeping (its in-flight counts) still decides when a server may stop, and no request is lost.

@@ -19,7 +19,7 @@ from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
 from sglang.srt.mem_cache.memory_pool import MambaPool
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from prfaas_sgl.models import tiny
+from prfaas_sgl.tools.models import tiny
 from prfaas_sgl.router.kv_accounting import AUX_ROW_BYTES, account
 from prfaas_sgl.srt.cachepool_backend import cache as backend
 

@@ -1,13 +1,13 @@
-"""The fault campaign's pure logic (prfaas_sgl.chaos): schedules and loads from a seed, outcome
+"""The fault campaign's pure logic (prfaas_sgl.tools.chaos): schedules and loads from a seed, outcome
 classification, and the counting invariant sent = completed + errored (+ violations) with nothing lost."""
 from __future__ import annotations
 
 import pytest
 
-from prfaas_sgl.chaos import outcome as O
-from prfaas_sgl.chaos.config import CI, FULL, CampaignConfig
-from prfaas_sgl.chaos.plan import LoadSpec, make_plan, make_probes
-from prfaas_sgl.chaos.schedule import LINK, TARGETS, ScheduleSpec, make_schedule
+from prfaas_sgl.tools.chaos import outcome as O
+from prfaas_sgl.tools.chaos.config import CI, FULL, CampaignConfig
+from prfaas_sgl.tools.chaos.plan import LoadSpec, make_plan, make_probes
+from prfaas_sgl.tools.chaos.schedule import LINK, TARGETS, ScheduleSpec, make_schedule
 
 REF = [5, 6, 7, 8]
 BOUND = 100.0
@@ -172,8 +172,8 @@ def test_config_refuses_a_transport_timeout_beyond_the_router_timeout():
 
 
 def test_a_prefill_kill_waits_for_the_other_prefill_and_a_link_drop_for_the_remote_one():
-    from prfaas_sgl.chaos.runner import _wait_for
-    from prfaas_sgl.chaos.schedule import FaultEvent
+    from prfaas_sgl.tools.chaos.runner import _wait_for
+    from prfaas_sgl.tools.chaos.schedule import FaultEvent
 
     starting = {"local_prefill": object(), "decode_b": object()}
     assert _wait_for(FaultEvent(1.0, "kill", "remote_prefill"), starting) == ["local_prefill"]
@@ -188,7 +188,7 @@ def test_a_fault_waits_for_a_request_in_flight_but_not_forever():
     import asyncio
     import time
 
-    from prfaas_sgl.chaos.runner import LoadRun, until_load
+    from prfaas_sgl.tools.chaos.runner import LoadRun, until_load
 
     async def scenario() -> tuple[float, float]:
         load = LoadRun()

@@ -37,7 +37,7 @@ def _describe(p: argparse.ArgumentParser) -> dict:
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
     from prfaas_sgl import config as prfaas_config
-    from prfaas_sgl.loadgen.config import add_arguments
+    from prfaas_sgl.tools.loadgen.config import add_arguments
     from prfaas_sgl.router.config import build_parser
 
     plugin, bench = argparse.ArgumentParser(prog="t"), argparse.ArgumentParser(prog="t")

@@ -3,10 +3,10 @@ rule, the table rows, the note on what the demo cannot emulate, and the switch t
 
 from __future__ import annotations
 
-from prfaas_sgl.demo import shift
-from prfaas_sgl.demo.live import use_servers
-from prfaas_sgl.demo.table import NOT_EMULATED, format_side_by_side
-from prfaas_sgl.demo.topology import PHASES, DemoLink, deployment
+from prfaas_sgl.tools.demo import shift
+from prfaas_sgl.tools.demo.live import use_servers
+from prfaas_sgl.tools.demo.table import NOT_EMULATED, format_side_by_side
+from prfaas_sgl.tools.demo.topology import PHASES, DemoLink, deployment
 from prfaas_sgl.router.actuators.base import Action, Split
 from prfaas_sgl.router.cluster import Cluster
 from prfaas_sgl.router.config import RouterConfig

@@ -14,7 +14,7 @@ from typing import AsyncIterator
 import aiohttp
 import pytest
 
-from prfaas_sgl.deploy.supervisor import Supervisor
+from prfaas_sgl.tools.deploy.supervisor import Supervisor
 from prfaas_sgl.router.actuators.base import Split
 from prfaas_sgl.router.actuators.decide import DecideConfig
 from prfaas_sgl.router.actuators.supervisor import SupervisorActuator

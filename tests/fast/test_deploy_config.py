@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from prfaas_sgl.deploy import config
-from prfaas_sgl.deploy.up import server_spec
-from prfaas_sgl.launch import server_args
+from prfaas_sgl.tools.deploy import config
+from prfaas_sgl.tools.deploy.up import server_spec
+from prfaas_sgl.tools.launch import server_args
 from prfaas_sgl.router.config import load_file
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "deploy-two-datacenters.toml"
@@ -136,7 +136,7 @@ def test_bad_supervisor_sections_name_the_field(tmp_path, mutate, message):
 
 
 def test_up_keeps_a_supervisor_of_this_machines_local_servers_secure_by_default(tmp_path):
-    from prfaas_sgl.deploy.up import Stack
+    from prfaas_sgl.tools.deploy.up import Stack
 
     dep = config.parse(_with_supervisor(tmp_path))
     assert Stack(dep, "remote-a", tmp_path).supervisor("") is None  # a PrfaaS prefill never switches

@@ -14,11 +14,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from prfaas_sgl.commands import render as render_cmd
-from prfaas_sgl.deploy import config
-from prfaas_sgl.deploy.k8s import render
-from prfaas_sgl.deploy.k8s.topology import DEFAULT_DATA_PORT, ZMQ_CONTROL_PORTS
-from prfaas_sgl.launch import ServerSpec, server_args, server_env
+from prfaas_sgl.tools.commands import render as render_cmd
+from prfaas_sgl.tools.deploy import config
+from prfaas_sgl.tools.deploy.k8s import render
+from prfaas_sgl.tools.deploy.k8s.topology import DEFAULT_DATA_PORT, ZMQ_CONTROL_PORTS
+from prfaas_sgl.tools.launch import ServerSpec, server_args, server_env
 from prfaas_sgl.router.config import load_file
 from prfaas_sgl.transfer import security
 
@@ -82,7 +82,7 @@ def test_layout_per_datacenter_and_gpus(gpu):
 
 
 def test_server_flags_are_those_of_prfaas_up(cpu_out, tmp_path):
-    """Same flags and CPU environment as `prfaas_sgl.launch` gives the server, bound to the pod's IP."""
+    """Same flags and CPU environment as `prfaas_sgl.tools.launch` gives the server, bound to the pod's IP."""
     files = cpu_out[1]
     pod = find(files, "StatefulSet", "decode", "local")["spec"]["template"]["spec"]["containers"][0]
     dep = config.load(CPU_FILE)
@@ -95,7 +95,7 @@ def test_server_flags_are_those_of_prfaas_up(cpu_out, tmp_path):
     del want[i:i + 2]  # the tiny model's path is printed by the image's own builder at start
     assert "--mamba-radix-cache-strategy" in want  # tiny-qwen35-hybrid is hybrid: its CPU flags are there
     assert pod["args"] == want
-    assert 'sglang.launch_server --model-path "$$(python -m prfaas_sgl.models.tiny tiny-qwen35-hybrid' in pod[
+    assert 'sglang.launch_server --model-path "$$(python -m prfaas_sgl.tools.models.tiny tiny-qwen35-hybrid' in pod[
         "command"][2]
     env = {e["name"]: e.get("value") for e in pod["env"]}
     cpu_env = {k: v for k, v in server_env(spec).items() if k not in os.environ or os.environ[k] != v}

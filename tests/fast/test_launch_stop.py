@@ -1,4 +1,4 @@
-"""Stopping managed processes (prfaas_sgl/launch.py): a process that exits on SIGTERM is gone at once, and
+"""Stopping managed processes (prfaas_sgl/tools/launch.py): a process that exits on SIGTERM is gone at once, and
 several stubborn ones share one grace period. Before the fix every stop waited its whole grace period: the
 group leader's unreaped zombie kept `killpg(pgid, 0)` succeeding (10 s per server, ~6 min of CI)."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from prfaas_sgl.launch import ManagedProcess, stop_together
+from prfaas_sgl.tools.launch import ManagedProcess, stop_together
 
 SLEEPER = "import time; time.sleep(600)"
 STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); " \
@@ -47,7 +47,7 @@ def test_cpu_servers_sleep_when_fully_idle_and_cuda_ones_are_left_alone(tmp_path
     """SGLang's scheduler spins on its sockets when idle: measured 0.50 of a core per idle CPU server over
     20 s, 0.012 with --sleep-on-idle (same greedy tokens, /tmp probe at load ~8). A farm of 4 servers on 2
     cores lost about a core to idle ones. GPU servers keep SGLang's default (the flag is a CPU setting here)."""
-    from prfaas_sgl.launch import ServerSpec, server_args
+    from prfaas_sgl.tools.launch import ServerSpec, server_args
 
     (tmp_path / "config.json").write_text('{"layer_types": ["full_attention"]}')
     cpu = server_args(ServerSpec(model_path=str(tmp_path), port=1))

@@ -14,9 +14,9 @@ import time
 import numpy as np
 import pytest
 
-from prfaas_sgl.loadgen.cli import bench
-from prfaas_sgl.loadgen.config import BenchConfig
-from prfaas_sgl.loadgen.report import format_table
+from prfaas_sgl.tools.loadgen.cli import bench
+from prfaas_sgl.tools.loadgen.config import BenchConfig
+from prfaas_sgl.tools.loadgen.report import format_table
 from tests.support.loadgen_standin import StandInScript, StandInServer
 
 BASE_TOL = 0.03  # HTTP round trip and parsing on an idle machine, generously
@@ -181,6 +181,6 @@ def test_duration_cap_and_drain_cancel_slow_requests():
     ({"choices": [], "usage": {"completion_tokens": 3}}, False),
 ])
 def test_token_chunk_classification(msg, is_token):
-    from prfaas_sgl.loadgen.client import is_token_chunk
+    from prfaas_sgl.tools.loadgen.client import is_token_chunk
 
     assert is_token_chunk(msg) is is_token

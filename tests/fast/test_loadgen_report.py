@@ -10,12 +10,12 @@ import threading
 import numpy as np
 import pytest
 
-from prfaas_sgl.loadgen import cli
-from prfaas_sgl.loadgen.client import RequestRecord
-from prfaas_sgl.loadgen.plots import write_plots
-from prfaas_sgl.loadgen.report import SCHEMA, build_results, format_table
-from prfaas_sgl.loadgen.runner import RunResult
-from prfaas_sgl.loadgen.stats import Slo, throughput_series
+from prfaas_sgl.tools.loadgen import cli
+from prfaas_sgl.tools.loadgen.client import RequestRecord
+from prfaas_sgl.tools.loadgen.plots import write_plots
+from prfaas_sgl.tools.loadgen.report import SCHEMA, build_results, format_table
+from prfaas_sgl.tools.loadgen.runner import RunResult
+from prfaas_sgl.tools.loadgen.stats import Slo, throughput_series
 from tests.support.loadgen_standin import StandInScript, StandInServer
 
 TTFTS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 3.0]
@@ -122,7 +122,7 @@ def test_bench_subcommand_hooks_into_a_parent_parser():
 
 
 def test_library_imports_no_torch_sglang_or_matplotlib():
-    code = ("import sys, prfaas_sgl.loadgen.cli, prfaas_sgl.loadgen.report;"
+    code = ("import sys, prfaas_sgl.tools.loadgen.cli, prfaas_sgl.tools.loadgen.report;"
             "print(sorted(m for m in ('torch', 'sglang', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
@@ -132,7 +132,7 @@ def test_sampler_reads_the_real_router_metrics():
     """Pins the default metric names to what router/metrics.py exports (fails if either side renames)."""
     from prometheus_client import generate_latest
 
-    from prfaas_sgl.loadgen.prom import MetricsSampler, Scrape, parse_metrics
+    from prfaas_sgl.tools.loadgen.prom import MetricsSampler, Scrape, parse_metrics
     from prfaas_sgl.router.metrics import RouterMetrics
     from prfaas_sgl.router.policy import Decision
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from prfaas_sgl.loadgen.workload import from_trace
+from prfaas_sgl.tools.loadgen.workload import from_trace
 from prfaas_sgl.workload.traces import TraceError, TraceRecord, read_trace, write_trace
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from prfaas_sgl.loadgen.prompts import PromptBuilder
-from prfaas_sgl.loadgen.workload import SyntheticSpec, synthesize
+from prfaas_sgl.tools.loadgen.prompts import PromptBuilder
+from prfaas_sgl.tools.loadgen.workload import SyntheticSpec, synthesize
 from prfaas_sgl.workload.arrivals import ArrivalSpec
 from prfaas_sgl.workload.lengths import Fixed, TruncLogNormal, Uniform, parse_length_dist, scaled
 
@@ -99,7 +99,7 @@ def test_prompts_share_text_exactly_as_far_as_hash_ids_agree():
 def _train_tokenizer(path):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from prfaas_sgl.loadgen.words import WORDS
+    from prfaas_sgl.tools.loadgen.words import WORDS
 
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -122,7 +122,7 @@ def test_tokenizer_mode_hits_lengths_exactly(tmp_path):
 
 
 def test_tokenizer_resolution(tmp_path):
-    from prfaas_sgl.loadgen.prompts import resolve_tokenizer
+    from prfaas_sgl.tools.loadgen.prompts import resolve_tokenizer
 
     (tmp_path / "tokenizer.json").write_text("{}")
     assert resolve_tokenizer("auto", str(tmp_path)) == str(tmp_path / "tokenizer.json")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from prfaas_sgl.models import tiny
+from prfaas_sgl.tools.models import tiny
 from prfaas_sgl.router.config import parse_config
 from prfaas_sgl.router.kv_accounting import AUX_ROW_BYTES, Dtypes, account
 

@@ -1,5 +1,5 @@
 """The demo's monitored run (issue 18): a real Prometheus scrapes a router's /metrics and the demo reads the
-offload and link series back from its HTTP API (prfaas_sgl/demo/monitor.py)."""
+offload and link series back from its HTTP API (prfaas_sgl/tools/demo/monitor.py)."""
 from __future__ import annotations
 
 import os
@@ -8,9 +8,9 @@ import time
 import pytest
 from prometheus_client import start_http_server
 
-from prfaas_sgl.demo import monitor
-from prfaas_sgl.deploy import config
-from prfaas_sgl.launch import free_port
+from prfaas_sgl.tools.demo import monitor
+from prfaas_sgl.tools.deploy import config
+from prfaas_sgl.tools.launch import free_port
 from prfaas_sgl.router.metrics import RouterMetrics
 from prfaas_sgl.router.policy import Decision
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from prometheus_client import generate_latest
 
-from prfaas_sgl.loadgen.prom import parse_metrics, total
+from prfaas_sgl.tools.loadgen.prom import parse_metrics, total
 from prfaas_sgl.router.cluster import Cluster
 from prfaas_sgl.router.config import RouterConfig
 from prfaas_sgl.router.controller_glue import build_controller

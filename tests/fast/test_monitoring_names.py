@@ -21,8 +21,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from prfaas_sgl.deploy.prometheus import metric_names
-from prfaas_sgl.launch import free_port
+from prfaas_sgl.tools.deploy.prometheus import metric_names
+from prfaas_sgl.tools.launch import free_port
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
 from prfaas_sgl.transfer.layout import page_regions
 from prfaas_sgl.transfer.receiver import ZmqReceiver

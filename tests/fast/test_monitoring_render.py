@@ -6,8 +6,8 @@ from pathlib import Path
 import yaml
 
 from prfaas_sgl.cli import main as prfaas
-from prfaas_sgl.deploy import config
-from prfaas_sgl.deploy.prometheus import RULES, render
+from prfaas_sgl.tools.deploy import config
+from prfaas_sgl.tools.deploy.prometheus import RULES, render
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "deploy-two-datacenters.toml"
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from prfaas_sgl.cli import main as prfaas
-from prfaas_sgl.demo.monitor import binary_problem
+from prfaas_sgl.tools.demo.monitor import binary_problem
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
 EXAMPLE = MONITORING.parents[1] / "docs" / "deploy-two-datacenters.toml"

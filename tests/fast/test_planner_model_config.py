@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from prfaas_sgl.cli import main
-from prfaas_sgl.models import tiny
+from prfaas_sgl.tools.models import tiny
 from prfaas_sgl.router.planner import ProfileError, load_scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[2]

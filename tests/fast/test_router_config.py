@@ -126,7 +126,7 @@ def test_launch_router_process_serves_and_stops(tmp_path):
 
 def test_chat_template_read_from_chat_template_jinja(tmp_path):
     # Regression: transformers >= 4.43 saves the template as chat_template.jinja, not in tokenizer_config.json
-    # (the tiny models of prfaas_sgl.models.tiny do); the router answered chat requests with "no chat_template".
+    # (the tiny models of prfaas_sgl.tools.models.tiny do); the router answered chat requests with "no chat_template".
     from tests.support.router_standin import TINY_TEMPLATE
     from prfaas_sgl.router.tokenize import PromptTokenizer
 

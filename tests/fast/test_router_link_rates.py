@@ -92,9 +92,9 @@ def test_a_malformed_clock_is_refused(bad):
 
 
 def test_the_router_exports_the_bytes_it_saw_and_the_capacity(tmp_path):
-    """The load generator's exact link rate reads these two (prfaas_sgl/loadgen/prom.py); the router used
+    """The load generator's exact link rate reads these two (prfaas_sgl/tools/loadgen/prom.py); the router used
     not to export them, so it fell back to sampling the goodput gauge."""
-    from prfaas_sgl.loadgen.prom import parse_metrics, total
+    from prfaas_sgl.tools.loadgen.prom import parse_metrics, total
     from prfaas_sgl.router.cluster import Cluster
     from prfaas_sgl.router.config import InstanceSpec, RouterConfig
     from prfaas_sgl.router.metrics import RouterMetrics

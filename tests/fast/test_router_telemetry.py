@@ -16,7 +16,7 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 
-from prfaas_sgl import netns
+from prfaas_sgl.tools import netns
 from prfaas_sgl.router.app import start_router
 from prfaas_sgl.router.cluster import Cluster, LinkState, apply_link_stats, check_health, poll_loads, poll_loads_once
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig

@@ -3,7 +3,9 @@
 1. the SGLang boundary is a folder: only files under `prfaas_sgl/srt/` import sglang, load it with
    `importlib.import_module("sglang...")`, or name an SGLang attribute as a hook target ("sglang.srt...");
 2. the project's modules have no import cycle at module level (imports inside functions and
-   `if TYPE_CHECKING:` blocks run later or never, so they cannot deadlock a partial import).
+   `if TYPE_CHECKING:` blocks run later or never, so they cannot deadlock a partial import);
+3. runtime never depends on tooling: nothing outside `prfaas_sgl/tools/` imports it (at any depth) or names
+   it in a string (`python -m prfaas_sgl.tools...`), but the `prfaas` console script that dispatches to it.
 """
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ ROOTS = {"prfaas_sgl": "prfaas_sgl", "router": "prfaas_sgl.router", "cachepool":
 BOUNDARY = "prfaas_sgl.srt"
 # `python -m sglang.launch_server` in a server command line starts SGLang in another process; it is not an import.
 COMMAND_MODULES = {"sglang.launch_server"}
+TOOLS = "prfaas_sgl.tools"
+# pyproject.toml's `prfaas` console script names this module, so it stays outside tools/ and dispatches into it.
+TOOLS_ENTRY_POINTS = {"prfaas_sgl.cli"}
 # Cycles other work removes (issue 16 item 5); each entry is one cycle's sorted module names. Keep it empty.
 KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
@@ -148,3 +153,25 @@ def test_no_import_cycles():
 
 def test_cycle_finder_sees_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {("a", "b", "c")}
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _tools_uses(module: str, tree: ast.Module) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        names = [n for n in _imported(module, node) if _in(n, TOOLS)]
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(TOOLS):
+            names = [node.value]  # `-m prfaas_sgl.tools...` arguments, importlib names (an f-string's head too)
+        found += [f"line {node.lineno}: {n}" for n in names]
+    return sorted(set(found))
+
+
+def test_runtime_never_imports_tooling():
+    runtime = {m: uses for m, (_, tree) in MODULES.items()
+               if not _in(m, TOOLS) and m not in TOOLS_ENTRY_POINTS and (uses := _tools_uses(m, tree))}
+    assert runtime == {}, f"runtime code imports {TOOLS}"
+    assert all(_tools_uses(m, MODULES[m][1]) for m in TOOLS_ENTRY_POINTS)  # the walk does find the dispatch
+    assert _tools_uses("x", ast.parse("def f():\n    from prfaas_sgl.tools import launch"))  # also in functions

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from prfaas_sgl.launch import SGLangServer, ServerSpec, free_port, stop_together
-from prfaas_sgl.models.tiny import ensure
+from prfaas_sgl.tools.launch import SGLangServer, ServerSpec, free_port, stop_together
+from prfaas_sgl.tools.models.tiny import ensure
 
 HYBRID = "tiny-qwen35-hybrid"
 LLAMA = "tiny-llama"

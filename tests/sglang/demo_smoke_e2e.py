@@ -24,7 +24,7 @@ pytestmark = pytest.mark.sglang
 def test_reduced_demo_every_request_succeeds_and_both_routes_are_used(tmp_path):
     backend = os.environ.get("PRFAAS_DEMO_BACKEND", "prfaas_zmq")
     out = subprocess.run(
-        [sys.executable, "-m", "prfaas_sgl.demo", "--sessions", "8", "--rate", "1.0", "--backend", backend,
+        [sys.executable, "-m", "prfaas_sgl.tools.demo", "--sessions", "8", "--rate", "1.0", "--backend", backend,
          "--no-shift", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=1200,
     )

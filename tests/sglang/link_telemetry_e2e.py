@@ -23,8 +23,8 @@ import aiohttp
 import pytest
 
 from prfaas_sgl.config import PrfaasConfig
-from prfaas_sgl.launch import free_port
-from prfaas_sgl.netns import emulated_link, root_problem
+from prfaas_sgl.tools.launch import free_port
+from prfaas_sgl.tools.netns import emulated_link, root_problem
 from prfaas_sgl.router.app import start_router
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
 from prfaas_sgl.transfer.security import generate_keys

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prfaas_sgl.models.tiny import corpus
+from prfaas_sgl.tools.models.tiny import corpus
 
 
 def prompt_ids(model_path: str, n_tokens: int, seed: int = 1) -> list[int]:

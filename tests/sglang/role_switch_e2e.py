@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from prfaas_sgl.launch import free_port
 from prfaas_sgl.router.actuators.base import Split
 from prfaas_sgl.router.actuators.decide import DecideConfig
-from prfaas_sgl.router.actuators.processes import LaunchedServers, ProcessesActuator
+from prfaas_sgl.router.actuators.processes import ProcessesActuator
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
 from prfaas_sgl.router.controller_glue import close_loop
+from prfaas_sgl.tools.launch import free_port
+from prfaas_sgl.tools.server_control import LaunchedServers
 
 from .conftest import HYBRID, farm_for, spec
 from .live_router import running_router

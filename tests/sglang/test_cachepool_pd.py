@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from prfaas_sgl.launch import free_port
+from prfaas_sgl.tools.launch import free_port
 
 from .conftest import HYBRID, farm_for, spec
 from .pd import generate_body, pd_generate, post

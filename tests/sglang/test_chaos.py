@@ -1,4 +1,4 @@
-"""The fault campaign at CI size (prfaas_sgl.chaos, preset CI; the full run is scripts/chaos.py): the router
+"""The fault campaign at CI size (prfaas_sgl.tools.chaos, preset CI; the full run is scripts/chaos.py): the router
 and four real prfaas_zmq PD servers (remote prefill behind an emulated link, local prefill, two decodes)
 serve 50 seeded requests, short (local route) and long (remote route), while the remote prefill, the local
 prefill and one decode are killed -9 and restarted and the link drops to zero for a few seconds.
@@ -13,10 +13,10 @@ import json
 
 import pytest
 
-from prfaas_sgl.chaos.campaign import run_campaign
-from prfaas_sgl.chaos.config import CI
-from prfaas_sgl.chaos.outcome import VIOLATIONS
-from prfaas_sgl.netns import root_problem
+from prfaas_sgl.tools.chaos.campaign import run_campaign
+from prfaas_sgl.tools.chaos.config import CI
+from prfaas_sgl.tools.chaos.outcome import VIOLATIONS
+from prfaas_sgl.tools.netns import root_problem
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1500)]  # ~9 min quiet; 26 min when loaded
 

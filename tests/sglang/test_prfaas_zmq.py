@@ -17,7 +17,7 @@ import pytest
 import sglang
 from prometheus_client.parser import text_string_to_metric_families
 
-from prfaas_sgl.launch import free_port
+from prfaas_sgl.tools.launch import free_port
 from tests.fast.test_monitoring_names import exported, used_names
 
 from .conftest import HYBRID, farm_for, spec

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from prfaas_sgl.launch import free_port
+from prfaas_sgl.tools.launch import free_port
 
 from .conftest import LLAMA, farm_for, spec
 from .pd import generate_body, pd_generate, post

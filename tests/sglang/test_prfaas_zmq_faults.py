@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from prfaas_sgl.srt.backend.settings import FAULTS_ENV
-from prfaas_sgl.launch import free_port
+from prfaas_sgl.tools.launch import free_port
 from prfaas_sgl.transfer.security import generate_keys
 
 from .conftest import LLAMA, farm_for, spec

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from prfaas_sgl.launch import free_port
+from prfaas_sgl.tools.launch import free_port
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
 
 from .conftest import HYBRID, farm_for, spec

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from prfaas_sgl.launch import free_port
+from prfaas_sgl.tools.launch import free_port
 from prfaas_sgl.router.app import RouterHandle
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from prfaas_sgl.launch import free_port
+from prfaas_sgl.tools.launch import free_port
 
 from .conftest import HYBRID, LLAMA, farm_for, spec
 from .pd import generate_body, pd_generate, post

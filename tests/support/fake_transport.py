@@ -1,7 +1,9 @@
 """In-process fake of the data plane, for tests of higher layers (scheduler glue, router, timeouts).
 
 Same interface and the same state machine and failure reasons as the ZeroMQ transport, but bytes are
-copied synchronously at `send(last=True)`. Faults are injected per transfer id:
+copied synchronously at `send(last=True)`. It is a `transfer.api.Transport`: the SGLang backend's managers
+take it (`transport=FakeTransport()`), and it accepts their `ItemBatch`es (without head slices). Faults are
+injected per transfer id:
 
     net = FakeTransport(); rx = net.receiver(layout, dst); tx = net.sender(layout, src)
     net.fail(tid, "link down")      # the next send of tid fails with that reason on both sides
@@ -13,14 +15,15 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from prfaas_sgl.transfer.buffers import register
 from prfaas_sgl.transfer.chunking import dest_streams, scatter
-from prfaas_sgl.transfer.config import PeerInfo
-from prfaas_sgl.transfer.layout import MemoryLayout, Region, stream_lengths
+from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
+from prfaas_sgl.transfer.items import ItemBatch, as_index, check_items
+from prfaas_sgl.transfer.layout import MemoryLayout, Region, item_regions, stream_lengths
 from prfaas_sgl.transfer.states import UNKNOWN_STATUS, StatusTable, TransferState as S, TransferStatus
 
 
@@ -40,6 +43,12 @@ class _Side:
         self.status = StatusTable()
         self._timeout = default_timeout
         self.fatal: str | None = None
+        self.on_terminal: Callable[[int], None] | None = None  # as ZmqSender's: wakes the backend's watch
+
+    def _put(self, tid: int, status: TransferStatus) -> None:
+        self.status.put(tid, status)
+        if status.state.terminal and self.on_terminal is not None:
+            self.on_terminal(tid)
 
     def poll(self, tid: int) -> TransferStatus:
         e = self._entries.get(tid)
@@ -47,9 +56,9 @@ class _Side:
             return UNKNOWN_STATUS
         st = self.status.get(tid)
         if self.fatal is not None and not st.state.terminal:
-            self.status.put(tid, TransferStatus(S.FAILED, f"loop died: {self.fatal}", st.nbytes))
+            self._put(tid, TransferStatus(S.FAILED, f"loop died: {self.fatal}", st.nbytes))
         elif not st.state.terminal and time.monotonic() >= e.deadline:
-            self.status.put(tid, TransferStatus(S.TIMED_OUT, f"timed out in fake transport after "
+            self._put(tid, TransferStatus(S.TIMED_OUT, f"timed out in fake transport after "
                                                 f"{self._timeout:g} s", st.nbytes))
         return self.status.get(tid)
 
@@ -61,7 +70,7 @@ class _Side:
 
     def set(self, tid: int, state: S, reason: str = "", nbytes: int = 0) -> None:
         if tid in self._entries and not self.state(tid).terminal:
-            self.status.put(tid, TransferStatus(state, reason, nbytes))
+            self._put(tid, TransferStatus(state, reason, nbytes))
 
     def abort(self, tid: int, reason: str = "aborted") -> None:
         self.set(tid, S.ABORTED, reason)
@@ -82,9 +91,8 @@ class FakeReceiver(_Side):
         self.views = register(layout, buffers, writable=True)
         self.address = PeerInfo("127.0.0.1", next(net.ports))
 
-    def expect(self, transfer_id: int, regions: Sequence[Region], timeout_s: float | None = None) -> None:
-        for r in regions:
-            self.layout.check_region(r)
+    def expect(self, transfer_id: int, regions: Sequence[Region] | ItemBatch, timeout_s: float | None = None) -> None:
+        regions = as_regions(self.layout, regions)
         timeout = timeout_s or self._timeout
         self._entries[transfer_id] = _Entry(time.monotonic() + timeout, timeout, regions=list(regions))
         self.status.put(transfer_id, TransferStatus(S.WAITING))
@@ -99,10 +107,9 @@ class FakeSender(_Side):
         self.layout, self.net = layout, net
         self.views = register(layout, buffers, writable=False)
 
-    def send(self, transfer_id: int, peer: PeerInfo, regions: Sequence[Region], last: bool = False,
+    def send(self, transfer_id: int, peer: PeerInfo, regions: Sequence[Region] | ItemBatch, last: bool = False,
              timeout_s: float | None = None) -> None:
-        for r in regions:
-            self.layout.check_region(r)
+        regions = as_regions(self.layout, regions)
         timeout = timeout_s or self._timeout
         e = self._entries.get(transfer_id)
         if e is None:
@@ -129,13 +136,21 @@ class FakeTransport:
         self._fail: dict[int, str] = {}
         self._held: set[int] = set()
 
-    def receiver(self, layout: MemoryLayout, buffers: Sequence[Any]) -> FakeReceiver:
+    # `cfg` and `opts` as `transfer.api.Transport`: the addresses, devices and stats port of the real
+    # transport mean nothing in process; its faults are not modelled (use fail/hold), so refuse them
+    def receiver(self, layout: MemoryLayout, buffers: Sequence[Any], cfg: TransferConfig | None = None,
+                 **opts: Any) -> FakeReceiver:
+        _no_faults(opts)
         rx = FakeReceiver(self, layout, buffers, self.timeout_s)
         self._receivers[rx.address.key()] = rx
         return rx
 
-    def sender(self, layout: MemoryLayout, buffers: Sequence[Any]) -> FakeSender:
-        return FakeSender(self, layout, buffers, self.timeout_s)
+    def sender(self, layout: MemoryLayout, buffers: Sequence[Any], cfg: TransferConfig | None = None,
+               **opts: Any) -> FakeSender:
+        _no_faults(opts)
+        tx = FakeSender(self, layout, buffers, self.timeout_s)
+        tx.on_terminal = opts.get("on_terminal")
+        return tx
 
     def fail(self, tid: int, reason: str) -> None:
         self._fail[tid] = reason
@@ -196,3 +211,28 @@ class FakeTransport:
             pos[r.buffer_id] = pos.get(r.buffer_id, 0) + r.length
         return sum(pos.values())
 
+
+
+def as_regions(layout: MemoryLayout, what: Sequence[Region] | ItemBatch) -> list[Region]:
+    """Checked regions of `what`; an `ItemBatch` (the backend's staged path) becomes its items' regions in
+    stream order, after its `ready` (page ids the scheduler still copies). Head slices (TP pairing) stay
+    with the real transport: no region list describes them."""
+    if not isinstance(what, ItemBatch):
+        for r in what:
+            layout.check_region(r)
+        return list(what)
+    if what.ready is not None:
+        what.ready()
+    out: list[Region] = []
+    for g in what.groups:
+        if g.head is not None:
+            raise NotImplementedError("fake transport: head slices move on ZmqSender/ZmqReceiver only")
+        index = as_index(g.index)
+        check_items(layout, g, index)
+        out += item_regions(layout, g.buffer_ids, index.tolist())
+    return out
+
+
+def _no_faults(opts: dict[str, Any]) -> None:
+    if opts.get("faults"):
+        raise ValueError("fake transport: inject faults with FakeTransport.fail/hold, not transfer.faults")

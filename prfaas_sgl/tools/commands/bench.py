@@ -1,0 +1,1 @@
+from prfaas_sgl.tools.loadgen.cli import add_parser, run  # noqa: F401

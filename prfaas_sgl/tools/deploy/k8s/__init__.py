@@ -1,0 +1,97 @@
+"""`prfaas render k8s`: the Kubernetes manifests of a deployment file, one directory per datacenter.
+
+    OUT/keys/                CURVE keys (`prfaas keys` layout) and the router admin token, made once, 0600
+    OUT/<dc>/00-namespace.yaml
+    OUT/<dc>/10-secrets.yaml   CURVE keys per role, admin token (0600: it holds key material)
+    OUT/<dc>/20-servers.yaml   a StatefulSet + headless Service per role
+    OUT/<dc>/30-router.yaml    router ConfigMap, Deployment, Service, RBAC (local datacenter)
+    OUT/<dc>/40-networkpolicy.yaml
+
+Apply with `kubectl apply -f OUT/<dc>/` in each datacenter's context (or both into one stretched cluster).
+The networking assumption, SGLang's: a PD peer is told the pod's IP and connects to it on fixed ports (HTTP,
+bootstrap, KV data) and on random ZMQ control ports, so pod IPs must be routable between the datacenters
+(one cluster spanning both, or clusters with routed pod networks); Services only name pods.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import yaml
+
+from prfaas_sgl.tools.deploy.config import Deployment
+from prfaas_sgl.tools.deploy.k8s import keys, netpol, router, servers
+from prfaas_sgl.tools.deploy.k8s.topology import LOCAL, Model, Topology, model_source, topology
+
+
+def render(dep: Deployment, out: Path) -> list[Path]:
+    """Write the manifests of `dep` under `out`; returns the files written (keys excluded)."""
+    topo = topology(dep)
+    model = model_source(dep)
+    try:
+        written = []
+        for dc in topo.datacenters:
+            for name, docs in manifests(topo, model, dc, out).items():
+                written.append(_write(out / dc / name, docs, secret=name.startswith("10-")))
+        return written
+    finally:
+        if model.tiny:
+            shutil.rmtree(model.probe_dir, ignore_errors=True)
+
+
+def manifests(topo: Topology, model: Model, dc: str, out: Path) -> dict[str, list[dict]]:
+    """File name -> documents for datacenter `dc`."""
+    ns = topo.namespaces[dc]
+    roles = topo.dc_roles(dc)
+    secrets, names = _secrets(topo, dc, out)
+    files = {
+        "00-namespace.yaml": [{"apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "name": ns, "labels": {"app.kubernetes.io/name": "prfaas", "prfaas.io/datacenter": dc}}}],
+        "10-secrets.yaml": secrets,
+        "20-servers.yaml": [doc for r in roles for doc in (servers.headless_service(topo, r),
+                                                            servers.statefulset(topo, r, model, names.get(r.mode)))],
+    }
+    if dc == LOCAL:
+        cfg = json.dumps(router.router_fields(topo, model), indent=2)
+        files["30-router.yaml"] = [router.configmap(topo, cfg), *router.rbac(topo), router.deployment(topo, model),
+                                   router.service(topo)]
+    files["40-networkpolicy.yaml"] = netpol.policies(topo, dc)
+    return {k: v for k, v in files.items() if v}
+
+
+def _secrets(topo: Topology, dc: str, out: Path) -> tuple[list[dict], dict[str, str]]:
+    """The datacenter's Secrets, and the CURVE Secret name per role that mounts one."""
+    docs, names = [], {}
+    for role in topo.dc_roles(dc):
+        if servers.keys_mount(topo, role) and role.mode not in names:
+            docs.append(keys.curve_secret(keys.curve_dir(out), role.mode, role.namespace))
+            names[role.mode] = keys.SECRET_NAME[role.mode]
+    if dc == LOCAL:
+        docs.append(keys.admin_secret(keys.admin_token(out), topo.namespaces[LOCAL]))
+    return docs, names
+
+
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data) -> bool:  # shared label dicts print in full, not as &id001 anchors
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    style = "|" if "\n" in data else None  # router.json reads as JSON, not as an escaped one-line string
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def _write(path: Path, docs: list[dict], secret: bool) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "# rendered by `prfaas render k8s`; edit the deployment file and render again\n"
+    text += yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if secret else 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    path.chmod(0o600 if secret else 0o644)  # O_CREAT's mode only applies to a new file
+    return path
