@@ -133,8 +133,11 @@ class Simulator:
         views = [InstanceView(s.name, s.pool, s.name not in out, s.queued_tokens,
                               len(s.queue) + (s.current is not None), self._cached(s.cache, req))
                  for s in self.prefill.values()]
-        views += [InstanceView(d.name, "decode", d.name not in out, 0, d.inflight(), self._cached(d.cache, req))
-                  for d in self.decode.values()]
+        # A decode's load is what the router counts: every request routed there and not finished (forward.py holds
+        # dec.inflight from routing to the end of the response), not only those whose KV already arrived: counting
+        # arrivals alone sent a burst's requests, still in prefill or on the link, to the same decode.
+        views += [InstanceView(d.name, "decode", d.name not in out, 0, self.assigned[d.name],
+                               self._cached(d.cache, req)) for d in self.decode.values()]
         rate_bps = self.link.rate * 8
         link = LinkView(self.sys.link_Bps * 8, rate_bps, self.link.in_flight(now), 0.0, self.committed)
         return RouteInput(req.input_len, tuple(views), link, now, waited_s=now - req.arrival)

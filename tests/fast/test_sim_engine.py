@@ -10,7 +10,9 @@ from prfaas_sgl.cli import main
 from prfaas_sgl.router.planner import ProfileError, load_scenario
 from prfaas_sgl.router.policy import ThresholdPolicy
 from prfaas_sgl.router.sim.config import sim_config
+from prfaas_sgl.router.sim.engine import Simulator
 from prfaas_sgl.router.sim.run import build, simulate
+from prfaas_sgl.router.sim.workload import SimRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE = load_scenario(ROOT / "scenarios" / "paper_case_study.toml")
@@ -87,3 +89,14 @@ def test_cli_simulate_trace(tmp_path, capsys):
     assert doc["totals"]["requests"] == doc["totals"]["completed"] == 40
     assert doc["totals"]["offload_fraction"] == 0.5
     assert (tmp_path / "o" / "timeseries.png").exists()
+
+
+def test_decode_load_counts_requests_routed_there_not_yet_arrived():
+    # The router counts a decode's requests from routing to the end of the response (forward.py dec.inflight).
+    # Five requests arriving together are all still in prefill when the last is routed: counting only those whose
+    # KV reached decode saw five idle decodes each time and sent all five to pd-d-0 (a burst then queued there
+    # while the other decodes idled: seed 7 of the burst study, 24 s mean decode wait on one decode, 0 on another).
+    reqs = [SimRequest(i, 0.01 * i, 4096, 8, ()) for i in range(5)]
+    sim = Simulator(CASE.system, cfg(threshold=100_000), (3, 5), 100_000, reqs)
+    sim.run()
+    assert sorted(r.decode for r in reqs) == [f"pd-d-{i}" for i in range(5)]
