@@ -1,6 +1,6 @@
 """Model-derived transfer bytes (router/kv_accounting.py) against values worked out by hand, for every
 family's tiny config and for released configs; the router's --model-path default and its overrides.
-The same accounting against bytes measured on the wire: tests/sglang/families_e2e.py (outside make test until it passes on CPU)."""
+The same accounting against bytes measured on the wire: tests/sglang/test_families.py."""
 from __future__ import annotations
 
 import json

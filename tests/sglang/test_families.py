@@ -1,0 +1,151 @@
+"""The paper's other hybrid families on real SGLang (CPU): Kimi Linear (KDA : MLA = 3 : 1) and a
+MiMo-V2-Flash-style SWA : GQA = 3 : 1 model (window 128). Per family, one farm of four servers: colocated
+greedy == HF transformers greedy; PD over prfaas_zmq (chunked prefill 512 < the 1,600-token prompt) ==
+colocated; the bytes the prefill's transport acknowledged == router/kv_accounting.py within 1% — MLA moves
+one latent buffer per layer, SWA layers only the window's pages; and `--radix-cache-backend prfaas_hybrid`
+prefix hits == the colocated server, which runs with prefix caching off."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from prfaas_sgl.tools.launch import free_port
+from prfaas_sgl.tools.models.tiny import ensure
+from router.kv_accounting import account_path
+
+from .conftest import Farm, spec
+from .pd import generate_body, pd_generate, post
+from .prompts import prompt_ids
+from .reference import hf_greedy
+
+pytestmark = pytest.mark.sglang
+NEW = 8
+CHUNK = 512
+LENGTHS = (100, 1600)  # inside the SWA window, and >= 1,500 tokens: several chunks, 12x the window
+KIMI, MIMO = "tiny-kimi-linear", "tiny-mimo-v2-swa"
+# K/V buffers the prefill registers (PrfaasKVManager's layout log line) and the first one's bytes per token:
+# Kimi: 2 MLA layers, one latent of 32 + 8 fp32 each; MiMo: 2 GQA layers x (K, V), K = 1 head x 16 fp32.
+KV_BUFFERS = {KIMI: (2, (32 + 8) * 4), MIMO: (4, 16 * 4)}
+
+
+# SGLang 0.5.23's decode preallocates only the SWA tail (the window's pages) when page_size > 1
+# (disaggregation/decode.py `_uses_swa_tail_prealloc`); at page size 1 it preallocates the whole prompt plus
+# 512 reserved tokens in an SWA pool sized for the tail, and a request that cannot fit waits forever.
+PAGE = {KIMI: 1, MIMO: 16}
+GRID = 64  # the cache pool server's chunk: KDA states are checkpointed at chunk ends
+
+
+def _specs(log_dir: Path, model: str) -> dict:
+    stats = free_port()
+    zmq = ("--prfaas-zmq-timeout-s", "120", "--prfaas-zmq-chunk-bytes", "65536")
+    page = dict(page_size=PAGE[model])
+    pool = dict(chunked_prefill_size=GRID, max_total_tokens=4096, max_running_requests=4,
+                **(dict(max_mamba_slots=24) if model == KIMI else {}))
+    return {
+        # prefix caching off: the reference for PD and for the cache pool's hits alike
+        "colocated": spec(log_dir, f"{model}_colocated", model, chunked_prefill_size=CHUNK, **page,
+                          extra_args=("--disable-radix-cache",)),
+        "prefill": spec(log_dir, f"{model}_prefill", model, mode="prefill", transfer_backend="prfaas_zmq",
+                        bootstrap_port=free_port(), chunked_prefill_size=CHUNK, **page,
+                        extra_args=zmq + ("--prfaas-zmq-stats-port", str(stats))),
+        "decode": spec(log_dir, f"{model}_decode", model, mode="decode", transfer_backend="prfaas_zmq",
+                       max_running_requests=1, extra_args=zmq, **page),
+        "pool": spec(log_dir, f"{model}_cachepool", model, **pool, env={"PRFAAS_CACHEPOOL_CHECK": "1"},
+                     extra_args=("--radix-cache-backend", "prfaas_hybrid", "--enable-cache-report")),
+        "stats_url": f"http://127.0.0.1:{stats}/stats",
+    }
+
+
+@pytest.fixture(scope="module", params=[KIMI, MIMO])
+def family(request, log_dir):
+    specs = _specs(log_dir, request.param)
+    stats_url = specs.pop("stats_url")
+    farm = Farm(specs).start()
+    try:
+        yield request.param, str(ensure(request.param)), farm, stats_url
+    finally:
+        farm.stop()
+
+
+def acked_bytes(stats_url: str) -> int:
+    with urllib.request.urlopen(stats_url, timeout=10) as r:
+        return sum(link["bytes_total"] for link in json.loads(r.read())["links"].values())
+
+
+def settled_bytes(stats_url: str, before: int, timeout_s: float = 10.0) -> int:
+    """Acknowledged bytes once they stop growing (the last ack can land just after decode answers)."""
+    last, deadline = acked_bytes(stats_url), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = acked_bytes(stats_url)
+        if now == last and now > before:
+            return now
+        last = now
+    return last
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_colocated_matches_hf(family, length):
+    name, path, farm, _ = family
+    ids = prompt_ids(path, length, seed=length)
+    out = post(farm["colocated"].url + "/generate", generate_body(ids, NEW))
+    assert out["meta_info"]["prompt_tokens"] == length, out
+    assert out["output_ids"] == hf_greedy(path, ids, NEW), name
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_pd_matches_colocated_and_wire_bytes_match_accounting(family, length):
+    name, path, farm, stats_url = family
+    ids = prompt_ids(path, length, seed=length)
+    body = generate_body(ids, NEW)
+    colocated = post(farm["colocated"].url + "/generate", body)["output_ids"]
+    before = acked_bytes(stats_url)
+    out = pd_generate(farm["prefill"].url, farm["decode"].url, farm["prefill"].spec.bootstrap_port, body)
+    assert out.get("output_ids") == colocated, out
+    moved = settled_bytes(stats_url, before) - before
+    acct = account_path(path)
+    expected = acct.request_bytes(length, PAGE[name])
+    assert abs(moved - expected) <= 0.01 * expected, (name, length, moved, expected, acct)
+    if acct.swa_window and length > acct.swa_window:  # SWA: the window's pages, not every page
+        every_page = dataclasses.replace(acct, swa_window=length).request_bytes(length, PAGE[name])
+        assert moved < every_page * 0.5, (moved, every_page)
+        print(f"{name} {length} tokens: {moved} B moved, {every_page} B with every SWA page "
+              f"({every_page / moved:.2f}x)")
+
+
+def test_kv_buffers_per_layer(family):
+    """MLA registers one latent buffer per MLA layer; GQA a K and a V buffer per full-attention layer
+    (SWA layers' pages travel as state)."""
+    name, _, farm, _ = family
+    log = Path(farm["prefill"].spec.log_path).read_text(errors="replace")
+    found = re.search(r"(\d+) kv buffers \((\d+) B/page\)", log)
+    assert found, "prefill log has no prfaas_zmq layout line"
+    buffers, per_token = KV_BUFFERS[name]
+    assert (int(found[1]), int(found[2])) == (buffers, per_token * PAGE[name])
+
+
+# --radix-cache-backend prfaas_hybrid. Kimi Linear: KDA states are checkpointed at chunk ends (GRID) and
+# restored on a hit exactly as GDN's (fast: test_cachepool_backend_states.py over SGLang's MambaPool with
+# KDA's shapes), so later requests resume at the last checkpoint <= 300. MiMo (docs/cachepool-swa.md): a hit
+# needs full-attention KV for the whole prefix but SWA pages only for the window before it, and there is no
+# state grid: later requests resume at the last whole 16-token block of the shared 300 tokens.
+CACHED = {KIMI: [0, 256, 256], MIMO: [0, 288, 288]}
+
+
+def test_prefix_cache_pool_hits_match_no_cache(family):
+    name, path, farm, _ = family
+    system = prompt_ids(path, 300, seed=7)  # > 2 SWA windows: the hit's early blocks need no SWA pages
+    questions = [prompt_ids(path, 20, seed=100 + i) for i in range(3)]
+    outs = [post(farm["pool"].url + "/generate", generate_body(system + q, NEW)) for q in questions]
+    assert [o["meta_info"]["cached_tokens"] for o in outs] == CACHED[name], outs
+    for q, o in zip(questions, outs):
+        ref = post(farm["colocated"].url + "/generate", generate_body(system + q, NEW))["output_ids"]
+        assert o["output_ids"] == ref, name
+    log = Path(farm["pool"].spec.log_path).read_text(errors="replace")
+    assert log.count("prfaas_hybrid integrity ok") >= 3 and "AssertionError" not in log
