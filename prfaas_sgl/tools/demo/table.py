@@ -25,7 +25,7 @@ def rows_for(results: dict) -> list[tuple[str, str]]:
         ("routes (remote / local)", f"{routes.get('prfaas', {}).get('requests', 0)} / "
                                     f"{routes.get('local', {}).get('requests', 0)}"),
         ("offload fraction (router)", _pct(router.get("offload_fraction"))),
-        ("link utilization mean / max", f"{_pct(router.get('link_utilization_mean'))} / "
+        ("link pressure mean / max", f"{_pct(router.get('link_utilization_mean'))} / "
                                         f"{_pct(router.get('link_utilization_max'))}"),
     ]
 

@@ -59,7 +59,7 @@ def plot_timeseries(results: dict, path: Path) -> None:
     if has_link:
         pts = [(t, u) for t, u in zip(link["t_s"], link["link_utilization"]) if u is not None]
         axes[1][0].plot(*zip(*pts), marker=".", color="tab:green")
-        axes[1][0].set(ylabel="link utilization", ylim=(0, max(1.0, max(u for _, u in pts) * 1.05)))
+        axes[1][0].set(ylabel="link pressure (drain time / budget)", ylim=(0, max(1.0, max(u for _, u in pts) * 1.05)))
         axes[1][0].grid(alpha=0.3)
     axes[-1][0].set_xlabel("time since start (s)")
     fig.tight_layout()

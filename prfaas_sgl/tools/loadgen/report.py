@@ -91,7 +91,7 @@ def format_table(results: dict) -> str:
                  f"span {results['summary']['duration_s']:.2f} s; stopped by {results['stopped_by']}")
     router = results.get("router")
     if router:
-        lines.append(f"router: offload fraction {_fmt(router['offload_fraction'])}, link utilization "
+        lines.append(f"router: offload fraction {_fmt(router['offload_fraction'])}, link pressure "
                      f"mean {_fmt(router['link_utilization_mean'])} max {_fmt(router['link_utilization_max'])}"
                      f" ({router['scrapes']} scrapes, {router['failed_scrapes']} failed)")
     return "\n".join(lines)
