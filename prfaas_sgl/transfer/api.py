@@ -1,7 +1,8 @@
 """The interface higher layers (the SGLang backend, the router's tests) program against.
 
 `ZmqSender`/`ZmqReceiver` implement it over the network; tests/support/fake_transport.py in process (a test
-double, so it lives with the tests).
+double, so it lives with the tests). A `Transport` builds one side of either kind: the SGLang backend takes
+one (default `ZmqTransport`), so its room/status logic runs in fast tests over the fake.
 Contract, both sides: calls are thread-safe and never block on the network; `poll()` is cheap and
 returns the latest `TransferStatus`; a terminal status never changes; `release()` forgets a transfer.
 `fatal` is None while the side works and the reason once its loop thread died (then every pending
@@ -11,9 +12,9 @@ transfer reads FAILED and no new one can succeed): a health check reports it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
-from prfaas_sgl.transfer.config import PeerInfo
+from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
 from prfaas_sgl.transfer.items import ItemBatch
 from prfaas_sgl.transfer.layout import MemoryLayout, Region
 from prfaas_sgl.transfer.states import TransferStatus
@@ -61,3 +62,29 @@ class KVSender(Protocol):
     def release(self, transfer_id: int) -> None: ...
 
     def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    """Builds a server's data-plane side over its pool `buffers`. `opts` are the real transport's keyword
+    arguments (sender: faults, stats_port, stats_host, devices, on_terminal; receiver: host, port, faults,
+    devices)."""
+
+    def sender(self, layout: MemoryLayout, buffers: Sequence[Any], cfg: TransferConfig, **opts: Any) -> KVSender: ...
+
+    def receiver(self, layout: MemoryLayout, buffers: Sequence[Any], cfg: TransferConfig,
+                 **opts: Any) -> KVReceiver: ...
+
+
+class ZmqTransport:
+    """The real data plane: `ZmqSender` / `ZmqReceiver` (imported on use: zmq, threads)."""
+
+    def sender(self, layout: MemoryLayout, buffers: Sequence[Any], cfg: TransferConfig, **opts: Any) -> KVSender:
+        from prfaas_sgl.transfer.sender import ZmqSender
+
+        return ZmqSender(layout, buffers, cfg, **opts)
+
+    def receiver(self, layout: MemoryLayout, buffers: Sequence[Any], cfg: TransferConfig,
+                 **opts: Any) -> KVReceiver:
+        from prfaas_sgl.transfer.receiver import ZmqReceiver
+
+        return ZmqReceiver(layout, buffers, cfg, **opts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 
@@ -49,6 +49,12 @@ class TransferStatus:
 
 
 UNKNOWN_STATUS = TransferStatus(TransferState.UNKNOWN, "no such transfer")
+
+
+def first_failure(statuses: Iterable[TransferStatus]) -> TransferStatus | None:
+    """The first status that ended without success, or None: the one rule by which both sides of the SGLang
+    backend fail a room (a room of several transfers fails with its first failure's reason)."""
+    return next((s for s in statuses if s.state.terminal and not s.ok), None)
 
 
 class StatusTable:

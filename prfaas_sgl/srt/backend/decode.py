@@ -12,18 +12,18 @@ from prfaas_sgl.srt.backend.manager import PrfaasKVManager
 from prfaas_sgl.srt.backend.memory import flat_states, index_len, transfer_id
 from prfaas_sgl.srt.backend.tp import Pairing, pairing
 from prfaas_sgl.srt.backend.settings import faults_from_env, offset_port
-from prfaas_sgl.transfer.receiver import ZmqReceiver
+from prfaas_sgl.transfer.states import first_failure
 
 log = logging.getLogger(__name__)
 
 
 class DecodeManager(PrfaasKVManager):
-    def __init__(self, args, disaggregation_mode, server_args, is_mla_backend=False):
-        super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
+    def __init__(self, args, disaggregation_mode, server_args, is_mla_backend=False, *, transport=None):
+        super().__init__(args, disaggregation_mode, server_args, is_mla_backend, transport=transport)
         port = offset_port(self.prfaas_config.zmq_data_port, args.engine_rank)
-        self.receiver = ZmqReceiver(self.memory.layout, self.memory.buffers, self.transfer_config,
-                                    host=self.local_ip, port=port, faults=faults_from_env(),
-                                    devices=self.memory.devices)
+        self.receiver = self.transport.receiver(self.memory.layout, self.memory.buffers, self.transfer_config,
+                                                host=self.local_ip, port=port, faults=faults_from_env(),
+                                                devices=self.memory.devices)
         self.expected: dict[int, list[int]] = {}  # room → data-plane transfer ids (one per sending prefill rank)
         self.peer_rejections: dict[str, str] = {}  # prefill bootstrap address → why it is incompatible
         self.data_plane = self.receiver
@@ -127,15 +127,13 @@ class DecodeManager(PrfaasKVManager):
         if tids is None or status == KVPoll.Failed:
             return status
         self.check_data_plane(bootstrap_room)
-        verified = True
-        for tid in tids:
-            data = self.receiver.poll(tid)
-            if data.state.terminal and not data.ok:
-                self.record_first_failure(bootstrap_room, f"prfaas_zmq transfer failed on decode: {data.reason}")
-                self.update_status(bootstrap_room, KVPoll.Failed)
-                return KVPoll.Failed
-            verified = verified and data.ok
-        if status == KVPoll.Success and not verified:
+        data = [self.receiver.poll(tid) for tid in tids]
+        bad = first_failure(data)
+        if bad is not None:
+            self.record_first_failure(bootstrap_room, f"prfaas_zmq transfer failed on decode: {bad.reason}")
+            self.update_status(bootstrap_room, KVPoll.Failed)
+            return KVPoll.Failed
+        if status == KVPoll.Success and not all(d.ok for d in data):
             return KVPoll.Transferring  # the prefill's word alone is not enough: wait for our verification
         return status
 

@@ -17,6 +17,7 @@ from prfaas_sgl.srt import flags
 from prfaas_sgl.srt.backend import control
 from prfaas_sgl.srt.backend.memory import KVMemory
 from prfaas_sgl.srt.backend.settings import insecure_problem, transfer_config
+from prfaas_sgl.transfer.api import Transport, ZmqTransport
 from prfaas_sgl.transfer.security import register_secret
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,9 @@ class PrfaasKVManager(CommonKVManager):
                 raise ValueError(f"prfaas_zmq: unsupported disaggregation mode {disaggregation_mode}")
         return super().__new__(cls)
 
-    def __init__(self, args, disaggregation_mode, server_args, is_mla_backend=False):
+    def __init__(self, args, disaggregation_mode, server_args, is_mla_backend=False, *,
+                 transport: Transport | None = None):
+        """SGLang passes the first four; `transport` builds the data plane (tests pass a fake one)."""
         device = str(getattr(server_args, "device", "cpu") or "cpu")
         if device not in ("cpu", "cuda"):
             # the staged path gathers with torch on host memory or CUDA (issue 13); other devices' pool
@@ -61,7 +64,8 @@ class PrfaasKVManager(CommonKVManager):
         keys = self.transfer_config.keys_dir
         self.register_secret = register_secret(keys) if keys else None  # HMAC key of Register messages
         self.memory = KVMemory.of(args, device)
-        self.data_plane = None  # the role's ZmqSender / ZmqReceiver
+        self.transport = transport or ZmqTransport()
+        self.data_plane = None  # the role's sender / receiver, built by self.transport
         self._stopped = False
         log.info("prfaas_zmq %s rank %s: %s", disaggregation_mode.value, args.engine_rank, self.memory.describe())
 

@@ -24,8 +24,7 @@ from prfaas_sgl.srt.backend.memory import index_len, transfer_id
 from prfaas_sgl.srt.backend.tp import Pairing, layout_problem, pairing
 from prfaas_sgl.srt.backend.settings import faults_from_env, offset_port
 from prfaas_sgl.transfer.config import PeerInfo
-from prfaas_sgl.transfer.sender import ZmqSender
-from prfaas_sgl.transfer.states import TransferState, TransferStatus
+from prfaas_sgl.transfer.states import TransferState, TransferStatus, first_failure
 
 log = logging.getLogger(__name__)
 # Fallback wake-up of the watch thread while rooms are open: transfers signal their end (on_terminal) and
@@ -45,14 +44,14 @@ class _Outgoing:
 
 
 class PrefillManager(PrfaasKVManager):
-    def __init__(self, args, disaggregation_mode, server_args, is_mla_backend=False):
-        super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
+    def __init__(self, args, disaggregation_mode, server_args, is_mla_backend=False, *, transport=None):
+        super().__init__(args, disaggregation_mode, server_args, is_mla_backend, transport=transport)
         stats = offset_port(self.prfaas_config.zmq_stats_port, args.engine_rank) or None
         self._wake = threading.Event()
-        self.sender = ZmqSender(self.memory.layout, self.memory.buffers, self.transfer_config,
-                                faults=faults_from_env(), stats_port=stats,
-                                stats_host=self.prfaas_config.zmq_stats_host, devices=self.memory.devices,
-                                on_terminal=lambda _tid: self._wake.set())
+        self.sender = self.transport.sender(self.memory.layout, self.memory.buffers, self.transfer_config,
+                                            faults=faults_from_env(), stats_port=stats,
+                                            stats_host=self.prfaas_config.zmq_stats_host,
+                                            devices=self.memory.devices, on_terminal=lambda _tid: self._wake.set())
         self.data_plane = self.sender
         self.peers = PeerBook(Admission(self.register_secret, self.transfer_config.keys_dir))
         self.rejections: dict[str, str] = {}  # decode session → why we cannot send to it
@@ -289,7 +288,7 @@ class PrefillManager(PrfaasKVManager):
             return
         tids = self._tids(out)
         states = {tid: self.sender.poll(tid) for tid in tids}
-        bad = next((s for s in states.values() if s.state.terminal and not s.ok), None)
+        bad = first_failure(states.values())
         if bad is None and self.data_plane_fatal() is not None:
             bad = TransferStatus(TransferState.FAILED, f"data plane is dead: {self.data_plane_fatal()}")
         if bad is not None:
