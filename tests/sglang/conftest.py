@@ -43,6 +43,7 @@ class Farm:
     def __init__(self, specs: dict[str, ServerSpec], shared: tuple[str, ...] = (), pool: SharedServers | None = None):
         self.specs = specs
         self.servers = {name: pool.get(s) if name in shared else SGLangServer(s) for name, s in specs.items()}
+        self.shared = shared
         self.own = [srv for name, srv in self.servers.items() if name not in shared]
 
     def start(self) -> "Farm":
@@ -60,7 +61,9 @@ class Farm:
         return self.servers[name]
 
     def stop(self) -> None:
-        stop_together(self.own)
+        # a role switch (LaunchedServers) replaces a server object in `servers`: stop the new ones too
+        current = [srv for name, srv in self.servers.items() if name not in self.shared]
+        stop_together(list({id(srv): srv for srv in self.own + current}.values()))
 
 
 def spec(log_dir: Path, name: str, model: str, **kw) -> ServerSpec:

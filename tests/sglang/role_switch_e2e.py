@@ -2,10 +2,12 @@
 `.venv/bin/python -m pytest -q tests/sglang/role_switch_e2e.py`.
 
 A role switch under load with real SGLang servers (issue 15): two local prefills and one decode behind the
-router; the controller recommends one more decode; the processes actuator drains a prefill, restarts it as a
-decode with the same flags and the router admits it. Every request of the load must answer HF greedy's
-tokens (0 lost), and the switched server must then decode on its own. One switch, ~20 small requests:
-~4 min on a quiet 2-core machine (three server starts, one restart).
+router; the controller recommends one more decode; the actuator drains a prefill, restarts it as a decode
+with the same flags and the router admits it. Every request of the load must answer HF greedy's tokens
+(0 lost), and the switched server must then serve its new role on its own. Twice on the same servers: first
+the processes actuator (the router owns the servers, as in the demo), then the supervisor actuator (the
+router calls a supervisor over HTTP with a bearer token, as on `prfaas up`), which switches back one server
+toward the recommended split. ~20 small requests per switch: three server starts, two restarts.
 """
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ import pytest
 from prfaas_sgl.router.actuators.base import Split
 from prfaas_sgl.router.actuators.decide import DecideConfig
 from prfaas_sgl.router.actuators.processes import ProcessesActuator
+from prfaas_sgl.router.actuators.supervisor import SupervisorActuator
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
 from prfaas_sgl.router.controller_glue import close_loop
+from prfaas_sgl.tools.deploy.supervisor import Supervisor
 from prfaas_sgl.tools.launch import free_port
 from prfaas_sgl.tools.server_control import LaunchedServers
 
@@ -52,13 +56,43 @@ class Upd:
     reason: str = "converged"
 
 
-class RecommendsOneMoreDecode:
+@dataclass
+class Recommends:
     """Stands in for the planner controller: the test is about acting, not about the recommendation."""
+
+    split: tuple[int, int]
 
     def observe(self, incremental_len: int, now: float) -> None: ...
 
     def maybe_update(self, now: float) -> Upd:
-        return Upd(8192, (1, 2))
+        return Upd(8192, self.split)
+
+
+TOKEN = "role-switch-e2e-token"
+
+
+@pytest.fixture(scope="module")
+def supervisor_url(farm):
+    """The farm's servers under a supervisor on its own loop and thread (as `prfaas up` runs it, apart from
+    the router), with a bearer token."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    sup = Supervisor(LaunchedServers(farm.servers), list(farm.servers), "127.0.0.1", TOKEN)
+    url = asyncio.run_coroutine_threadsafe(sup.serve(0), loop).result(30)
+    try:
+        yield url
+    finally:
+        asyncio.run_coroutine_threadsafe(sup.close(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+
+
+def _actuator(kind: str, farm, supervisor_url: str):
+    if kind == "processes":
+        return lambda cluster, report: ProcessesActuator(cluster, LaunchedServers(farm.servers), report,
+                                                         drain_timeout_s=120)
+    urls = {name: supervisor_url for name in farm.servers}
+    return lambda cluster, report: SupervisorActuator(cluster, urls, TOKEN, report, drain_timeout_s=120)
 
 
 def on_loop(loop: asyncio.AbstractEventLoop, fn):
@@ -67,25 +101,30 @@ def on_loop(loop: asyncio.AbstractEventLoop, fn):
     return asyncio.run_coroutine_threadsafe(call(), loop).result(30)
 
 
-def test_switch_under_load_loses_no_request(farm, model_paths):
+@pytest.mark.parametrize("kind", ["processes", "supervisor"])
+def test_switch_under_load_loses_no_request(farm, model_paths, supervisor_url, kind):
     path = model_paths["hybrid"]
     prompts = [prompt_ids(path, 120 + 40 * i, seed=10 + i) for i in range(4)]
     want = [hf_greedy(path, p, NEW) for p in prompts]
+    modes = {name: srv.spec.mode for name, srv in farm.servers.items()}  # the previous case switched one
+    prefills = tuple(n for n, m in modes.items() if m == "prefill")
+    decodes = tuple(n for n, m in modes.items() if m == "decode")
+    # one server toward the other role: 2P/1D -> 1P/2D first, then back
+    target = (len(prefills) - 1, len(decodes) + 1) if len(prefills) > 1 else (len(prefills) + 1, len(decodes) - 1)
 
     def inst(name: str) -> InstanceSpec:
         s = farm[name].spec
         return InstanceSpec(s.url, bootstrap_port=s.bootstrap_port, name=name)
 
-    cfg = RouterConfig(port=0, local_prefill=(inst("p0"), inst("p1")), decode=(inst("d0"),), policy="local_only",
-                       tokenizer_path=path, served_model_name="tiny", context_length=8192, block_size=1,
-                       health_interval_s=2.0, prefill_timeout_s=300, request_timeout_s=300)
+    cfg = RouterConfig(port=0, local_prefill=tuple(map(inst, prefills)), decode=tuple(map(inst, decodes)),
+                       policy="local_only", tokenizer_path=path, served_model_name="tiny", context_length=8192,
+                       block_size=1, health_interval_s=2.0, prefill_timeout_s=300, request_timeout_s=300)
     with running_router(cfg) as (handle, loop):
         router = handle.router
 
         def wire():
-            router.core.controller = RecommendsOneMoreDecode()
-            return close_loop(router, lambda cluster, report: ProcessesActuator(
-                cluster, LaunchedServers(farm.servers), report, drain_timeout_s=120), DecideConfig(confirm=1))
+            router.core.controller = Recommends(target)
+            return close_loop(router, _actuator(kind, farm, supervisor_url), DecideConfig(confirm=1))
 
         acting = on_loop(loop, wire)
 
@@ -121,11 +160,14 @@ def test_switch_under_load_loses_no_request(farm, model_paths):
             results = [f.result() for f in sent]  # raises on a lost or wrong request
 
         assert [a.outcome for a in acting.actions] == ["in_progress", "applied"], acting.actions
+        assert acting.actuator.name == kind
         switched = acting.actions[0].detail.split(":")[0]
-        assert on_loop(loop, lambda: acting.actuator.current()) == Split(1, 2)
-        assert router.cluster.instances[switched].pool == "decode"
+        assert on_loop(loop, lambda: acting.actuator.current()) == Split(*target)
+        new_pool = "decode" if target[1] > len(decodes) else "local_prefill"
+        assert router.cluster.instances[switched].pool == new_pool
         assert len(results) >= 8
-        on_loop(loop, lambda: router.cluster.drain("d0"))  # only the switched server can decode now
+        for other in (decodes if new_pool == "decode" else prefills):
+            on_loop(loop, lambda other=other: router.cluster.drain(other))  # only the switched one serves its role
         for i in range(2):
             one(i)
-        assert farm.servers[switched].spec.mode == "decode"
+        assert farm.servers[switched].spec.mode == ("decode" if new_pool == "decode" else "prefill")
