@@ -1,12 +1,37 @@
-"""Turn registered memory (bytearray, numpy array, mmap, raw address) into flat byte memoryviews."""
+"""Turn registered memory (bytearray, numpy array, mmap, raw address) into flat byte memoryviews, and
+`Strided`: registered memory whose items are not packed."""
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prfaas_sgl.transfer.layout import MemoryLayout
+
+
+@dataclass(frozen=True, slots=True)
+class Strided:
+    """Raw memory whose item i is bytes [address + i * stride, + item_len): one logical buffer laid in a
+    larger slab (issue 17's unified pool interleaves every layer's K/V rows, and states, in one buffer).
+    The stride is local knowledge, never on the wire: the peer's layout sees item_len only, so a slab
+    side pairs with a packed one. Only the staged (ItemBatch) path reads it; byte `Region`s, which
+    assume packed items, are refused for it (`is_packed`)."""
+
+    address: int
+    nbytes: int  # span: (num_items - 1) * stride + item_len at least
+    stride: int
+
+    def num_items(self, item_len: int) -> int:
+        if self.stride < item_len:
+            raise ValueError(f"stride {self.stride} B is below the item length {item_len} B: items overlap")
+        return 0 if self.nbytes < item_len else (self.nbytes - item_len) // self.stride + 1
+
+
+def is_packed(buf: Any) -> bool:
+    """Whether byte offsets of `buf` are item * item_len (what `Region`s and `as_bytes` assume)."""
+    return not isinstance(buf, Strided)
 
 
 def as_bytes(buf: Any, writable: bool) -> memoryview:

@@ -25,7 +25,7 @@ from typing import Any
 import zmq
 
 import prfaas_sgl.transfer.faults as F  # not `from ..transfer import`: the package lazily imports us
-from prfaas_sgl.transfer.buffers import register
+from prfaas_sgl.transfer.buffers import is_packed, register
 from prfaas_sgl.transfer.chunking import dest_streams, scatter
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
 from prfaas_sgl.transfer.items import ItemBatch, ItemStream, item_streams
@@ -45,8 +45,9 @@ _DRAIN_MAX = 64  # messages handled per wake-up before deadlines are looked at a
 
 
 class ZmqReceiver(SocketLoop):
-    """Receives into `buffers` (one per `layout` entry: bytearray / numpy / (address, nbytes)); `devices`
-    per buffer, "cpu" (default) or "cuda:N" (device buffers take ItemBatch destinations only)."""
+    """Receives into `buffers` (one per `layout` entry: bytearray / numpy / (address, nbytes) / Strided);
+    `devices` per buffer, "cpu" (default) or "cuda:N" (device and strided buffers take ItemBatch
+    destinations only)."""
 
     def __init__(self, layout: MemoryLayout, buffers: Sequence[Any], cfg: TransferConfig,
                  host: str = "127.0.0.1", port: int = 0, faults: tuple[F.Fault, ...] = (),
@@ -54,7 +55,8 @@ class ZmqReceiver(SocketLoop):
         super().__init__("transfer-recv")
         self.layout, self.cfg = layout, cfg
         self._buffers, self._devices = list(buffers), list(devices or ["cpu"] * len(buffers))
-        self._views = [register(MemoryLayout((spec,)), [buf], writable=True)[0] if dev == "cpu" else None
+        self._views = [register(MemoryLayout((spec,)), [buf], writable=True)[0]
+                       if dev == "cpu" and is_packed(buf) else None
                        for spec, buf, dev in zip(layout.buffers, self._buffers, self._devices)]
         if len(self._buffers) != len(layout.buffers):
             raise ValueError(f"{len(buffers)} buffers given for a layout of {len(layout.buffers)}")
@@ -98,7 +100,7 @@ class ZmqReceiver(SocketLoop):
             for r in regions:
                 self.layout.check_region(r)
                 if self._views[r.buffer_id] is None:
-                    raise ValueError(f"buffer {r.buffer_id} is device memory: expect it as an ItemBatch")
+                    raise ValueError(f"buffer {r.buffer_id} is device or strided memory: expect it as an ItemBatch")
             streams = dest_streams(regions)
         t = InTransfer(transfer_id, streams, sum(s.total for s in streams.values()), time.monotonic(),
                        timeout_s or self.cfg.timeout_s)

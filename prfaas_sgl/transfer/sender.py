@@ -27,7 +27,7 @@ from typing import Any
 import zmq
 
 import prfaas_sgl.transfer.faults as F  # not `from ..transfer import`: the package lazily imports us
-from prfaas_sgl.transfer.buffers import register
+from prfaas_sgl.transfer.buffers import is_packed, register
 from prfaas_sgl.transfer.chunking import plan_chunks
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
 from prfaas_sgl.transfer.items import ItemBatch, StagePlan, plan_items
@@ -58,8 +58,8 @@ class ZmqSender(SocketLoop):
         super().__init__("transfer-send")
         self.layout, self.cfg = layout, cfg
         self._buffers, self._devices = list(buffers), list(devices or ["cpu"] * len(buffers))
-        host = [b if d == "cpu" else bytearray(0) for b, d in zip(buffers, self._devices)]
-        self._host_views = [d == "cpu" for d in self._devices]
+        self._host_views = [d == "cpu" and is_packed(b) for b, d in zip(buffers, self._devices)]
+        host = [b if h else bytearray(0) for b, h in zip(buffers, self._host_views)]
         self._frames = FrameMaker(_register_host(layout, host, self._host_views), faults)
         self._stager: Any = None  # staging.Stager, made at the first ItemBatch (torch loads only then)
         self._ctx = make_context(cfg)
@@ -85,7 +85,7 @@ class ZmqSender(SocketLoop):
             for r in regions:
                 self.layout.check_region(r)
                 if not self._host_views[r.buffer_id]:
-                    raise ValueError(f"buffer {r.buffer_id} is device memory: send it as an ItemBatch")
+                    raise ValueError(f"buffer {r.buffer_id} is device or strided memory: send it as an ItemBatch")
             regions = list(regions)
         self._call(self._send, transfer_id, peer, regions, last, timeout_s or self.cfg.timeout_s)
 
@@ -328,7 +328,8 @@ def _nothing() -> None:
 
 
 def _register_host(layout: MemoryLayout, buffers: list[Any], host: list[bool]) -> list[memoryview]:
-    """Zero-copy views of the host buffers (device buffers get an empty view: regions may not name them)."""
+    """Zero-copy views of the packed host buffers (device and strided buffers get an empty view: regions
+    may not name them)."""
     views = []
     for b, (buf, is_host) in enumerate(zip(buffers, host)):
         views.append(register(MemoryLayout((layout.buffers[b],)), [buf], writable=False)[0] if is_host

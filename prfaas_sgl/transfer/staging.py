@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import xxhash
 
+from prfaas_sgl.transfer.buffers import Strided
 from prfaas_sgl.transfer.items import HeadSlice, StagePlan, as_index, check_items
 from prfaas_sgl.transfer.layout import MemoryLayout
 
@@ -56,12 +57,29 @@ def pool_tensor(buf: Any, device: str = "cpu") -> torch.Tensor:
     return torch.frombuffer(buf, dtype=torch.uint8)
 
 
-def item_view(pool: torch.Tensor, num_items: int, item_len: int, head: HeadSlice | None) -> torch.Tensor:
-    """`pool` as [num_items, item_len], or with `head` as [num_items, rows, count, unit] (a strided view)."""
-    v = pool[: num_items * item_len].view(num_items, item_len)
+def item_tensor(buf: Any, device: str, num_items: int, item_len: int) -> torch.Tensor:
+    """Registered memory as [num_items, item_len] uint8, never a copy; a `Strided` buffer's rows are
+    `stride` bytes apart (rows stay contiguous, so head slices and index_select/index_copy_ work as on
+    packed pools)."""
+    if isinstance(buf, Strided):
+        span = (num_items - 1) * buf.stride + item_len if num_items else 0
+        if buf.num_items(item_len) < num_items:
+            raise ValueError(f"strided buffer spans {buf.nbytes} B, {num_items} items of {item_len} B "
+                             f"every {buf.stride} B need {span} B")
+        flat = pool_tensor((buf.address, buf.nbytes), device)
+        return flat.as_strided((num_items, item_len), (buf.stride, 1))
+    flat = pool_tensor(buf, device)
+    if flat.numel() < num_items * item_len:
+        raise ValueError(f"buffer has {flat.numel()} bytes, layout needs {num_items * item_len}")
+    return flat[: num_items * item_len].view(num_items, item_len)
+
+
+def item_view(items: torch.Tensor, head: HeadSlice | None) -> torch.Tensor:
+    """[num_items, item_len] `items`, or with `head` as [num_items, rows, count, unit] (a strided view)."""
     if head is None:
-        return v
-    return v.view(num_items, head.rows, head.heads, head.unit)[:, :, head.start: head.start + head.count]
+        return items
+    v = items.view(items.shape[0], head.rows, head.heads, head.unit)
+    return v[:, :, head.start: head.start + head.count]
 
 
 def is_cuda(device: str) -> bool:
@@ -76,15 +94,16 @@ class Pools:
         self.devices = list(devices or ["cpu"] * len(buffers))
         if len(self.devices) != len(buffers):
             raise ValueError(f"{len(self.devices)} devices given for {len(buffers)} buffers")
-        self.tensors = [pool_tensor(b, d) for b, d in zip(buffers, self.devices)]
-        for i, (t, spec) in enumerate(zip(self.tensors, layout.buffers)):
-            if t.numel() < spec.nbytes:
-                raise ValueError(f"buffer {i} has {t.numel()} bytes, layout needs {spec.nbytes}")
+        self.items = []  # per buffer: [num_items, item_len] uint8
+        for i, (buf, dev, spec) in enumerate(zip(buffers, self.devices, layout.buffers)):
+            try:
+                self.items.append(item_tensor(buf, dev, spec.num_items, spec.item_len))
+            except ValueError as e:
+                raise ValueError(f"buffer {i}: {e}") from None
         self.cuda = sorted({d for d in self.devices if is_cuda(d)})
 
     def view(self, b: int, head: HeadSlice | None) -> torch.Tensor:
-        spec = self.layout.buffers[b]
-        return item_view(self.tensors[b], spec.num_items, spec.item_len, head)
+        return item_view(self.items[b], head)
 
 
 class Ring:

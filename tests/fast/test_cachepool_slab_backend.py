@@ -147,10 +147,17 @@ def test_exhaustion_is_refused_the_way_sglang_expects():
 
 
 @pytest.mark.parametrize("server, reason", [(dict(radix_cache_backend=None), "radix-cache-backend prfaas_hybrid"),
-                                            (dict(disaggregation_mode="prefill"), "colocated")])
+                                            (dict(disaggregation_mode="prefill",
+                                                  disaggregation_transfer_backend="mooncake"), "prfaas_zmq")])
 def test_refuses_what_it_does_not_serve(server, reason):
     with pytest.raises(ValueError, match=reason):
         unify(_sglang_result(), _configurator(**server))
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_serves_pd_under_prfaas_zmq(mode):
+    out = unify(_sglang_result(), _configurator(disaggregation_mode=mode, disaggregation_transfer_backend="prfaas_zmq"))
+    assert isinstance(out.token_to_kv_pool_allocator, SlabTokenAllocator)
 
 
 def test_refuses_per_slot_side_pools():

@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from prfaas_sgl.srt.buf_infos import item_stride
+from prfaas_sgl.transfer.buffers import Strided
 from prfaas_sgl.transfer.items import HeadSlice, ItemBatch, Items
 from prfaas_sgl.transfer.layout import BufferSpec, MemoryLayout
 
@@ -33,7 +35,7 @@ from prfaas_sgl.transfer.layout import BufferSpec, MemoryLayout
 @dataclass(frozen=True, slots=True)
 class KVMemory:
     layout: MemoryLayout
-    buffers: tuple[tuple[int, int], ...]  # (address, nbytes) per layout entry
+    buffers: tuple[tuple[int, int] | Strided, ...]  # (address, nbytes), or Strided (slab views), per entry
     kv_ids: tuple[int, ...]
     state_ids: tuple[tuple[int, ...], ...]  # per state component (parallel to KVArgs.state_types)
     aux_ids: tuple[int, ...]
@@ -53,8 +55,10 @@ class KVMemory:
         def add(kind: str, ptrs: Sequence[int], lens: Sequence[int], items: Sequence[int]) -> tuple[int, ...]:
             start = len(specs)
             for ptr, nbytes, item in zip(ptrs, lens, items):
-                specs.append(BufferSpec(kind, int(item), int(nbytes) // int(item)))
-                bufs.append((int(ptr), int(nbytes)))
+                buf = registered(int(ptr), int(nbytes), int(item))
+                count = buf.num_items(int(item)) if isinstance(buf, Strided) else int(nbytes) // int(item)
+                specs.append(BufferSpec(kind, int(item), count))
+                bufs.append(buf)
             return tuple(range(start, len(specs)))
 
         kv = add("kv", args.kv_data_ptrs, args.kv_data_lens, args.kv_item_lens)
@@ -83,6 +87,13 @@ class KVMemory:
         return (f"{len(self.kv_ids)} kv buffers ({self.layout.buffers[0].item_len if self.kv_ids else 0} B/page), "
                 f"{sum(map(len, self.state_ids))} state buffers in {len(self.state_ids)} components, "
                 f"{len(self.aux_ids)} aux buffers")
+
+
+def registered(ptr: int, nbytes: int, item_len: int) -> tuple[int, int] | Strided:
+    """One of KVArgs' buffers as the transport takes it: strided where its pool recorded a row stride
+    (`srt.buf_infos`: the unified pool's slab views), else packed (address, nbytes)."""
+    stride = item_stride(ptr, nbytes, item_len)
+    return (ptr, nbytes) if stride is None else Strided(ptr, nbytes, stride)
 
 
 def index_len(indices: Any) -> int:

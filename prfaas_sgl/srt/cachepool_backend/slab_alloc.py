@@ -21,6 +21,7 @@ from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MambaPool
 
 from prfaas_sgl.cachepool.slab_blocks import FREE, KV, STATE, SlabBlocks
+from prfaas_sgl.srt.buf_infos import strided_infos
 
 _EMPTY = torch.empty((0,), dtype=torch.int64)
 
@@ -136,3 +137,8 @@ class SlabMambaPool(MambaPool):
     @size.setter
     def size(self, value: int) -> None:
         self._static_size = value
+
+    def get_contiguous_buf_infos(self):
+        """PD registration (prfaas_zmq): per state tensor and layer, its slot rows one block apart.
+        The count is the slab's blocks, not the live `size` (a state may sit in any block)."""
+        return strided_infos(t for _, t, _, _ in self._iter_transfer_state_entries())

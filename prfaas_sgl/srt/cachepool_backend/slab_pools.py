@@ -15,6 +15,7 @@ from sglang.srt.mem_cache.memory_pool import MambaPool, MHATokenToKVPool
 
 from prfaas_sgl.cachepool.slab import Slab
 from prfaas_sgl.cachepool.slab_layout import SlabLayout
+from prfaas_sgl.srt.buf_infos import strided_infos
 
 
 def plan_layout(num_full_layers: int, head_num: int, head_dim: int, dtype: torch.dtype, cache_params,
@@ -52,6 +53,10 @@ class SlabMHATokenToKVPool(MHATokenToKVPool):
 
     def _clear_buffers(self) -> None:
         pass  # the slab owns the memory
+
+    def get_contiguous_buf_infos(self):
+        """PD registration (prfaas_zmq): each layer's K then V rows, one token's envelope apart."""
+        return strided_infos(self.k_buffer + self.v_buffer)
 
 
 def bind_mamba_pool(pool: MambaPool, slab: Slab, conv_shapes: Sequence[Sequence[int]],

@@ -5,8 +5,9 @@ Runs AFTER `KVCacheConfigurator.configure`: SGLang has sized and built its two p
 (`cachepool.slab_layout`), and the request pool's Mamba pool + allocator and the token allocator are
 swapped for the slab's (`slab_alloc`). Block 0 stays out of both allocators (SGLang's padding slot 0).
 
-Serves colocated only, page size 1, under `--radix-cache-backend prfaas_hybrid`; anything else is
-refused at start-up with the reason (docs/unified-memory.md section 6 says what remains). SGLang's
+Serves colocated and as a PD prefill or decode under prfaas_zmq (the pools report their strided buffers
+through `srt.buf_infos`; the wire stays per logical buffer, so a slab side pairs with a packed one), page
+size 1, under `--radix-cache-backend prfaas_hybrid`; anything else is refused at start-up with the reason (docs/unified-memory.md section 6 says what remains). SGLang's
 own tensors are allocated first and dropped here, so start-up briefly holds both.
 """
 from __future__ import annotations
@@ -100,8 +101,10 @@ def refusals(result, configurator) -> list[str]:
     mamba = getattr(req, "mamba_pool", None)
     checks = (
         (getattr(sa, "radix_cache_backend", None) != NAME, f"needs --radix-cache-backend {NAME}"),
-        ((getattr(sa, "disaggregation_mode", "null") or "null") != "null",
-         "serves colocated servers only (the PD transfer path is not wired yet)"),
+        ((getattr(sa, "disaggregation_mode", "null") or "null") != "null"
+         and getattr(sa, "disaggregation_transfer_backend", None) != "prfaas_zmq",
+         "serves PD only with --disaggregation-transfer-backend prfaas_zmq (it reads the slab's strided "
+         "buffers; SGLang's backends assume packed ones)"),
         (configurator.is_draft_worker or not configurator.spec_algorithm.is_none(),
          "does not support speculative decoding"),
         (result.unified_memory_pool is not None, "conflicts with --enable-unified-memory"),

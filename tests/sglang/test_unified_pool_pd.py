@@ -1,0 +1,116 @@
+"""`--prfaas-unified-pool` under PD (issue 17): a real CPU SGLang prefill and decode, tiny hybrid GDN
+model, each holding KV tokens and GDN states in ONE slab with one block free list, and prfaas_zmq moving
+the strided slab rows (`srt.buf_infos` -> `transfer.buffers.Strided`). A second decode keeps SGLang's
+packed pools: the wire is per logical buffer, so the two pool kinds pair.
+
+Checked: greedy tokens == a colocated server without prefix caching; prefix hits on both sides of the
+unified pair; a burst that overfills both slabs finishes exactly and leaves both servers healthy;
+check_integrity() after every release (PRFAAS_CACHEPOOL_CHECK=1) and SGLang's idle leak check never fail.
+"""
+from __future__ import annotations
+
+import re
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from prfaas_sgl.tools.launch import free_port
+
+from .conftest import HYBRID, farm_for, spec
+from .pd import generate_body, pd_generate, post
+from .prompts import prompt_ids
+from .test_cachepool_pd import _log_facts
+
+pytestmark = pytest.mark.sglang
+GRID = 64  # prefill's --chunked-prefill-size: its state checkpoints
+BS = 16  # the backend's index block size
+NEW = 8
+ZMQ = ("--prfaas-zmq-timeout-s", "120")
+CHECK = {"PRFAAS_CACHEPOOL_CHECK": "1"}
+POOL = dict(max_total_tokens=2048, max_mamba_slots=24)  # re-laid as one slab: the burst overfills it
+UNIFIED = ("--radix-cache-backend", "prfaas_hybrid", "--prfaas-unified-pool", "--enable-cache-report")
+
+
+def _specs(log_dir):
+    return {
+        "prefill": spec(log_dir, "unified_prefill", HYBRID, mode="prefill", transfer_backend="prfaas_zmq",
+                        bootstrap_port=free_port(), chunked_prefill_size=GRID, env=CHECK, **POOL,
+                        extra_args=ZMQ + UNIFIED),
+        # batch-1 decodes: batched CPU matmuls flip near-tie tokens of the random-weight model
+        "decode": spec(log_dir, "unified_decode", HYBRID, mode="decode", transfer_backend="prfaas_zmq",
+                       max_running_requests=1, env=CHECK, **POOL,
+                       extra_args=ZMQ + UNIFIED + ("--disaggregation-decode-enable-radix-cache",)),
+        "packed_decode": spec(log_dir, "packed_decode", HYBRID, mode="decode", transfer_backend="prfaas_zmq",
+                              max_running_requests=1, extra_args=ZMQ),
+        # the same reference server as test_cachepool_pd.py / test_router_decode_cache.py (shared)
+        "colocated": spec(log_dir, "pool_pd_colocated", HYBRID, chunked_prefill_size=GRID, max_running_requests=1,
+                          extra_args=("--disable-radix-cache",)),
+    }
+
+
+farm = farm_for(_specs, shared=("colocated",))
+
+
+def _pd(farm, ids: list[int], decode: str = "decode") -> dict:
+    p = farm["prefill"]
+    out = pd_generate(p.url, farm[decode].url, p.spec.bootstrap_port, generate_body(ids, NEW))
+    assert "output_ids" in out and not out.get("error"), out
+    return out
+
+
+def _colocated(farm, ids: list[int]) -> list[int]:
+    return post(farm["colocated"].url + "/generate", generate_body(ids, NEW))["output_ids"]
+
+
+def _slab_built(farm, name: str) -> None:
+    text = farm[name].log_path.read_text(errors="replace")
+    assert re.search(r"prfaas unified pool: \d+ blocks of \d+ B", text), f"{name}: slab not built"
+    assert "memory leak detected" not in text, f"{name}: SGLang's idle leak check failed"
+
+
+def test_shared_system_prompt_hits_on_both_unified_sides(farm, model_paths):
+    path = model_paths["hybrid"]
+    system = prompt_ids(path, 300, seed=7)
+    questions = [prompt_ids(path, 20, seed=100 + i) for i in range(3)]
+    outs = [_pd(farm, system + q) for q in questions]
+    for q, o in zip(questions, outs):
+        assert o["output_ids"] == _colocated(farm, system + q)
+    # prefill resumes at its last checkpoint inside the shared prompt (256 = 4 x 64); decode holds KV in
+    # 16-token index blocks: the shared prompt's 18 whole blocks (288 of 300 tokens)
+    assert [o["prefill"]["meta_info"]["cached_tokens"] for o in outs] == [0, 256, 256]
+    assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 288, 288]
+    for name in ("prefill", "decode"):
+        _slab_built(farm, name)
+        ok, errors, _, _ = _log_facts(farm, name)
+        assert ok >= len(questions) and errors == 0, (name, ok, errors)
+
+
+def test_slab_prefill_feeds_a_packed_decode(farm, model_paths):
+    """Different pool kinds on the two sides: strided slab rows land in SGLang's packed pools."""
+    prompts = [prompt_ids(model_paths["hybrid"], n, seed=40 + n) for n in (90, 333)]
+    for ids in prompts:
+        out = _pd(farm, ids, decode="packed_decode")
+        assert out["output_ids"] == _colocated(farm, ids)
+        assert out["meta_info"]["cached_tokens"] == 0  # the packed decode has no prefix cache
+
+
+def test_burst_overfilling_both_slabs_finishes_exactly(farm, model_paths):
+    # 5 distinct 700-token prompts at once: 3,500 tokens of KV against slabs of about 2,048 tokens plus
+    # 24 states each, so prefill requests wait for transfers, and cached blocks of either kind are evicted
+    prompts = [prompt_ids(model_paths["hybrid"], 700, seed=1700 + i) for i in range(5)]
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        outs = list(ex.map(lambda ids: _pd(farm, ids), prompts))
+    for ids, o in zip(prompts, outs):
+        assert o["output_ids"] == _colocated(farm, ids)
+    for name in ("prefill", "decode"):
+        assert urllib.request.urlopen(farm[name].url + "/health", timeout=30).status == 200
+        _slab_built(farm, name)
+    _, errors, _, transfer = _log_facts(farm, "prefill")
+    # no request left admitted, no transfer-cache block left once the last transfer completed
+    assert errors == 0 and transfer[-1] == (0, 0), (errors, transfer[-3:])
+    _, errors, _, _ = _log_facts(farm, "decode")
+    assert errors == 0
+    # and the pair still serves, hitting on the freshest prompt
+    again = _pd(farm, prompts[-1])
+    assert again["output_ids"] == outs[-1]["output_ids"]
