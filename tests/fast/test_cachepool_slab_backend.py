@@ -174,3 +174,28 @@ def test_the_flag_turns_it_on():
     out = after_configure(_sglang_result(), conf)
     assert isinstance(out.token_to_kv_pool_allocator, SlabTokenAllocator)
     assert isinstance(out.req_to_token_pool.mamba_allocator, SlabStateAllocator)
+
+
+def test_rows_grow_past_sglangs_mamba_cap_and_each_gets_a_state():
+    """SGLang capped the rows at its fixed split's Mamba slots / 3 (here 2 rows); over the slab the
+    operator's --max-running-requests (10) comes back, at most half the blocks, and ten requests at once
+    each take a row and a state block."""
+    out = unify(_sglang_result(rows=2), _configurator(max_running_requests=10))
+    pool, tok = out.req_to_token_pool, out.token_to_kv_pool_allocator
+    assert out.max_running_requests == pool.size == 10 == pool.available_size()
+    assert pool.req_to_token.shape[0] == pool.req_index_to_mamba_index_mapping.shape[0] == 11
+    ctx = NS(params=NS(page_size=1, token_to_kv_pool_allocator=tok, req_to_token_pool=pool),
+             server_args=NS(chunked_prefill_size=CHUNK, disaggregation_mode="null"), is_hybrid_ssm=True,
+             is_hybrid_swa=False, enable_hierarchical_cache=False, disable_radix_cache=False)
+    cache = backend.build(ctx)
+    reqs = [_req([100 * i + 1, 2, 3]) for i in range(10)]
+    rows = alloc_req_slots(pool, reqs, cache)
+    assert sorted(rows) == list(range(1, 11))
+    states = {int(r.kv.mamba_pool_idx) for r in reqs}
+    assert len(states) == 10 and 0 not in states
+    tok.slab_blocks.check()
+    # half the blocks at most: a request for more rows than that stops there
+    many = unify(_sglang_result(rows=2), _configurator(max_running_requests=1000))
+    assert many.max_running_requests == (many.token_to_kv_pool_allocator.slab_blocks.num_blocks - 1) // 2
+    # nothing asked: SGLang's rows stay
+    assert unify(_sglang_result(rows=2), _configurator()).max_running_requests == 2

@@ -28,6 +28,7 @@ from prfaas_sgl.cachepool.slab_layout import SlabLayout
 from . import NAME
 from .slab_alloc import SlabMambaPool, SlabStateAllocator, SlabTokenAllocator
 from .slab_pools import SlabMHATokenToKVPool, bind_mamba_pool, plan_layout
+from .slab_rows import grow_rows, target_rows
 
 log = logging.getLogger(__name__)
 GRANULARITY = 16  # tokens per block is a multiple of the backend's hash block (config.from_server)
@@ -79,6 +80,10 @@ def unify(result, configurator):
         raise ValueError(f"--prfaas-unified-pool: SGLang's pools ({budget} B) make {num_blocks} blocks of "
                          f"{layout.block_bytes} B, fewer than --max-running-requests ({req.size}) + 3; give "
                          f"the server more memory or fewer running requests")
+    rows = target_rows(_requested_rows(configurator.server_args), req.size, num_blocks)
+    if rows > req.size:
+        log.info("prfaas unified pool: %d request rows (SGLang's Mamba cap gave %d)", rows, req.size)
+        grow_rows(req, rows)
     pools = build_pools(layout, num_blocks, full=full, cache_params=params,
                         mamba_layer_ids=list(old.mamba_layer_ids), device=str(full.device),
                         reserve=req.available_size, kvcache=kv)
@@ -90,8 +95,19 @@ def unify(result, configurator):
     log.info("prfaas unified pool: %d blocks of %d B (%d tokens or one state, %.0f%% state padding), "
              "from SGLang's %d KV tokens + %d Mamba slots", num_blocks, layout.block_bytes,
              layout.tokens_per_block, 100 * layout.state_padding, alloc.size, old.size)
+    if getattr(result.memory_pool_config, "max_running_requests", None) is not None:
+        result.memory_pool_config.max_running_requests = req.size
     return msgspec.structs.replace(result, token_to_kv_pool_allocator=pools.token_allocator,
-                                   max_total_num_tokens=max_tokens)
+                                   max_total_num_tokens=max_tokens, max_running_requests=req.size)
+
+
+def _requested_rows(sa) -> int | None:
+    """--max-running-requests per attention-DP worker, as SGLang reads it before its Mamba cap."""
+    requested = getattr(sa, "max_running_requests", None)
+    if requested is None:
+        return None
+    dp = int(getattr(sa, "dp_size", 1) or 1) if getattr(sa, "enable_dp_attention", False) else 1
+    return max(1, int(requested) // dp)
 
 
 def refusals(result, configurator) -> list[str]:
