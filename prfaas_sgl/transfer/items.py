@@ -9,6 +9,13 @@ the transfer threads. Each buffer's stream is its items' bytes in id-array order
     pool item (one page):  [rows = page_size tokens][heads][unit = head_dim × dtype bytes]
     stream item:           [rows][start : start + count][unit]          (rows × count × unit bytes)
 
+A `ByteRuns` slice (Mamba/GDN/KDA state between TP sizes) is any list of byte runs of an item, in stream
+order; a GDN conv-state slot [conv_dim = q | k | v][k-1] keeps one run per sub-block:
+
+    pool item:    |q0 q1|k0 k1|v0 v1|          (this rank's shard of q, k and v; TP 1 here)
+    runs:         (q1), (k1), (v1)             three (offset, length) runs for decode rank 1 of TP 2
+    stream item:  |q1|k1|v1|                   (sum of the run lengths)
+
 A stream is cut into chunks of whole stream items (as many as fit in `chunk_bytes`), or, for stream
 items larger than a chunk (a Mamba temporal state), into pieces of one item:
 
@@ -56,13 +63,48 @@ class HeadSlice:
 
 
 @dataclass(frozen=True, slots=True)
+class ByteRuns:
+    """Bytes `runs` ((offset, length) pairs, stream order, disjoint) of pool items of `item_len` bytes."""
+
+    item_len: int
+    runs: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        end = 0
+        for off, n in sorted(self.runs):
+            if n <= 0 or off < end or off + n > self.item_len:
+                raise ValueError(f"bad byte runs {self}: need disjoint, non-empty runs inside the item")
+            end = off + n
+        if not self.runs:
+            raise ValueError("byte runs: at least one run")
+
+    @property
+    def stream_len(self) -> int:
+        return sum(n for _, n in self.runs)
+
+    @property
+    def whole(self) -> bool:
+        """The runs are the whole item, in order (a destination that one source fills)."""
+        return self.stream_len == self.item_len and self.runs[0][0] == 0 and all(
+            a + n == b for (a, n), (b, _) in zip(self.runs, self.runs[1:]))
+
+    def columns(self) -> np.ndarray:
+        """Byte offsets within the item of the stream item's bytes, [stream_len] int64."""
+        return np.concatenate([np.arange(off, off + n, dtype=np.int64) for off, n in self.runs])
+
+
+Slice = HeadSlice | ByteRuns
+
+
+@dataclass(frozen=True, slots=True)
 class Items:
     """Items `index` (int array, stream order; a numpy array, a host torch tensor, or anything
-    np.asarray reads) of every buffer in `buffer_ids`; `head` slices KV heads out of each item."""
+    np.asarray reads) of every buffer in `buffer_ids`; `head` (a `Slice`: KV heads or byte runs) keeps
+    part of each item."""
 
     buffer_ids: tuple[int, ...]
     index: Any
-    head: HeadSlice | None = None
+    head: Slice | None = None
 
     def __len__(self) -> int:
         return int(np.shape(self.index)[0]) if np.ndim(self.index) else 1
@@ -85,10 +127,10 @@ def as_index(index: Any) -> np.ndarray:
     return np.ascontiguousarray(np.ravel(np.asarray(index)), dtype=np.int64)
 
 
-def stream_item_len(layout: MemoryLayout, buffer_id: int, head: HeadSlice | None) -> int:
+def stream_item_len(layout: MemoryLayout, buffer_id: int, head: Slice | None) -> int:
     spec = layout.buffers[buffer_id]
     if head is not None and head.item_len != spec.item_len:
-        raise ValueError(f"head slice {head} does not describe buffer {buffer_id}'s {spec.item_len} B items")
+        raise ValueError(f"slice {head} does not describe buffer {buffer_id}'s {spec.item_len} B items")
     return spec.item_len if head is None else head.stream_len
 
 
@@ -171,7 +213,7 @@ class ItemStream:
 
     index: np.ndarray
     item_len: int
-    head: HeadSlice | None
+    head: Slice | None
     total: int
     covered: Coverage = field(default_factory=Coverage)
     tensor_index: Any = None  # the index on the pool's device, made on first use (staging.py)

@@ -26,7 +26,8 @@ import torch
 import xxhash
 
 from prfaas_sgl.transfer.buffers import Strided
-from prfaas_sgl.transfer.items import HeadSlice, StagePlan, as_index, check_items
+from prfaas_sgl.transfer import slicing
+from prfaas_sgl.transfer.items import ByteRuns, HeadSlice, StagePlan, as_index, check_items
 from prfaas_sgl.transfer.layout import MemoryLayout
 
 log = logging.getLogger(__name__)
@@ -292,13 +293,20 @@ def _device_index(plan: StagePlan, device: str) -> torch.Tensor:
 def _gather(pools: Pools, plan: StagePlan, out: torch.Tensor) -> None:
     """Stream bytes of `plan` into `out` (flat uint8, plan.length bytes, on the pool's device)."""
     b, g = plan.buffer_id, plan.group
-    view = pools.view(b, g.head)
+    runs = g.head if isinstance(g.head, ByteRuns) else None
+    view = pools.view(b, None if runs else g.head)
     if plan.piece:
         item = int(plan.prep.indices[plan.group_pos][plan.first])
-        out.copy_(view[item].reshape(-1)[plan.start: plan.start + plan.length])
+        if runs:
+            slicing.read_piece(view, item, runs, plan.start, out)
+        else:
+            out.copy_(view[item].reshape(-1)[plan.start: plan.start + plan.length])
         return
     index = _device_index(plan, pools.devices[b])[plan.first: plan.first + plan.count]
-    torch.index_select(view, 0, index, out=out.view(plan.count, *view.shape[1:]))
+    if runs:
+        slicing.gather(view, index, runs, out)
+    else:
+        torch.index_select(view, 0, index, out=out.view(plan.count, *view.shape[1:]))
 
 
 class _CudaSide:

@@ -10,7 +10,7 @@ from sglang.srt.disaggregation.base.conn import KVPoll
 from prfaas_sgl.srt.backend import control
 from prfaas_sgl.srt.backend.manager import PrfaasKVManager
 from prfaas_sgl.srt.backend.memory import flat_states, index_len, transfer_id
-from prfaas_sgl.srt.backend.tp import Pairing, pairing
+from prfaas_sgl.srt.backend.tp import Pairing, pairing, with_state_runs
 from prfaas_sgl.srt.backend.settings import faults_from_env, offset_port
 from prfaas_sgl.transfer.states import first_failure
 
@@ -81,19 +81,27 @@ class DecodeManager(PrfaasKVManager):
         # a dead prefill is caught sooner by the heartbeat.
         timeout_s = self.waiting_timeout + self.transfer_config.timeout_s
         tids: list[int] = []
+        problem = None
         for src in srcs or [0]:
-            pair = self._pairing(src_tp, src)
+            try:
+                pair = self._pairing(src_tp, src)
+            except ValueError as e:
+                problem = f"prfaas_zmq: cannot receive room {room} from prefill TP {src_tp}: {e}"
+                break
             if pair.empty:
-                continue  # a replica: another source sends these heads (tp.sends_kv)
+                continue  # a replica: another source sends these heads (tp.sends_kv) and has no state shard
             batch = self.memory.batch(kv_indices if pair.kv else (), state_indices, aux_index if pair.aux else None,
                                       head=pair.dst)  # checked vectorised by expect()
+            batch = with_state_runs(batch, pair, self.state_ids, side=1)
             tid = transfer_id(room, self.local_ip, self.rank_port, src)
             problem = self._expect_one(room, tid, batch, timeout_s)
             if problem:
-                for done in tids:
-                    self.receiver.release(done)
-                return problem
+                break
             tids.append(tid)
+        if problem:
+            for done in tids:
+                self.receiver.release(done)
+            return problem
         self.expected[room] = tids
         return None
 
@@ -105,8 +113,13 @@ class DecodeManager(PrfaasKVManager):
             int(getattr(self.kv_args, "kv_head_num", 0) or 0) * my_tp
         item = self.memory.layout.buffers[self.memory.kv_ids[0]].item_len
         unit = item // (self.kv_args.page_size * max(1, total // my_tp))
+        states = self.state_shapes
+        if isinstance(states, str):
+            if self.state_ids:
+                raise ValueError(states)  # expect() fails the room with it
+            states = {}
         return pairing(src_tp, my_tp, src, int(getattr(self, "attn_tp_rank", 0) or 0), total,
-                       self.kv_args.page_size, unit)
+                       self.kv_args.page_size, unit, states, i_send=False)
 
     def _expect_one(self, room: int, tid: int, batch, timeout_s: float) -> str | None:
         try:

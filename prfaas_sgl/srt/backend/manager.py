@@ -4,6 +4,7 @@ messages) with the ZeroMQ data plane underneath. SGLang builds one manager per s
 """
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
@@ -17,6 +18,7 @@ from prfaas_sgl.srt import flags
 from prfaas_sgl.srt.backend import control
 from prfaas_sgl.srt.backend.memory import KVMemory
 from prfaas_sgl.srt.backend.settings import insecure_problem, transfer_config
+from prfaas_sgl.srt.backend.tp_state import StateTensor, local_states
 from prfaas_sgl.transfer.api import Transport, ZmqTransport
 from prfaas_sgl.transfer.security import register_secret
 
@@ -68,6 +70,16 @@ class PrfaasKVManager(CommonKVManager):
         self.data_plane = None  # the role's sender / receiver, built by self.transport
         self._stopped = False
         log.info("prfaas_zmq %s rank %s: %s", disaggregation_mode.value, args.engine_rank, self.memory.describe())
+
+    @functools.cached_property
+    def state_shapes(self) -> dict[int, StateTensor] | str:
+        """This rank's state slots as SGLang describes them (tp_state), for peers at another attention TP;
+        or why they cannot be sliced (a peer at another TP is then refused with it)."""
+        return local_states(self.kv_args, self.memory)
+
+    @property
+    def state_ids(self) -> tuple[int, ...]:
+        return tuple(b for ids in self.memory.state_ids for b in ids)
 
     def _start(self, target, name: str) -> threading.Thread:
         t = threading.Thread(target=target, name=name, daemon=True)

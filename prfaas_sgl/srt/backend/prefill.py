@@ -21,7 +21,7 @@ from prfaas_sgl.srt.backend import control
 from prfaas_sgl.srt.backend.admission import Admission, PeerBook
 from prfaas_sgl.srt.backend.manager import PrfaasKVManager
 from prfaas_sgl.srt.backend.memory import index_len, transfer_id
-from prfaas_sgl.srt.backend.tp import Pairing, layout_problem, pairing
+from prfaas_sgl.srt.backend.tp import Pairing, layout_problem, pairing, with_state_runs
 from prfaas_sgl.srt.backend.settings import faults_from_env, offset_port
 from prfaas_sgl.transfer.config import PeerInfo
 from prfaas_sgl.transfer.states import TransferState, TransferStatus, first_failure
@@ -90,15 +90,18 @@ class PrefillManager(PrfaasKVManager):
         sync = self._sync(wait_event, indices_event)
         sent = False
         for session, info in list(infos.items()):
-            pair = None if info.is_dummy else self._pairing(session)
-            if pair is None or pair.empty:
-                continue  # a dummy rank, or a KV replica another rank of ours sends (tp.sends_kv)
-            problem = self._problem(session, info, index_slice, npages)
-            if problem:
+            if info.is_dummy:
+                continue
+            problem = self._problem(session, info, index_slice, npages)  # before pairing: a refused peer's
+            if problem:                                                  # state shapes need not shard
                 self.conclude_failure(bootstrap_room=room, failure_reason=problem)
                 return
+            pair = self._pairing(session)
+            if not pair.sends(is_last_chunk):
+                continue  # a KV replica another rank of ours sends (tp.sends_kv), states come with the last
             batch = self.memory.batch(kv_indices if pair.kv else (), state_indices if is_last_chunk else None,
                                       aux_index if is_last_chunk and pair.aux else None, head=pair.src, **sync)
+            batch = with_state_runs(batch, pair, self.state_ids, side=0)
             self._send(room, session, info, batch, is_last_chunk)
             sent = True
         if is_last_chunk and not sent and room not in self._open:
@@ -117,16 +120,17 @@ class PrefillManager(PrfaasKVManager):
             events.append(ev)
         return {"events": tuple(events), "ready": indices_event.synchronize if indices_event is not None else None}
 
-    def _pairing(self, session: str) -> Pairing | None:
-        """What this rank sends to decode `session` (None: not registered; _problem then says why)."""
+    def _pairing(self, session: str) -> Pairing:
+        """What this rank sends to decode `session` (whole items if it is not registered; _send fails it)."""
         peer = self.peers.get(session)
         if peer is None:
-            return Pairing(None, None, True, True)  # unknown: _problem fails the room with the reason
+            return Pairing(None, None, True, True)
         my_tp = int(self.attn_tp_size)
         if peer.attn_tp_size == my_tp or getattr(self, "is_mla_backend", False):
             return Pairing(None, None, True, True)
+        states = self.state_shapes if isinstance(self.state_shapes, dict) else {}  # a str: the peer was refused
         return pairing(my_tp, peer.attn_tp_size, self._src_rank, peer.tp_rank, self._total_heads(my_tp),
-                       self.kv_args.page_size, self._head_bytes(my_tp))
+                       self.kv_args.page_size, self._head_bytes(my_tp), states)
 
     @property
     def _src_rank(self) -> int:
@@ -205,9 +209,9 @@ class PrefillManager(PrfaasKVManager):
         my_tp = int(self.attn_tp_size)
         if msg.attn_tp_size == my_tp or getattr(self, "is_mla_backend", False):
             problem = self.memory.layout.mismatch(msg.layout)
-        else:  # K/V head slices between TP sizes (tp.py)
+        else:  # K/V head slices and state byte runs between TP sizes (tp.py)
             problem = layout_problem(self.memory.layout, msg.layout, my_tp, msg.attn_tp_size,
-                                     self._total_heads(my_tp), self.kv_args.page_size)
+                                     self._total_heads(my_tp), self.kv_args.page_size, self.state_shapes)
         if msg.page_size != self.kv_args.page_size:
             problem = (f"page size mismatch: decode page_size={msg.page_size}, "
                        f"prefill page_size={self.kv_args.page_size}")

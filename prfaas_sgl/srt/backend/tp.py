@@ -13,15 +13,19 @@ mooncake path then sends every replica; here only the first replica of each head
 sources sends its K/V (`sends_kv`), so each head crosses the link once. Every source still reports to the
 decode; one that sends nothing reports Success at once.
 
-Only K/V pages are sliced. State buffers (Mamba/GDN conv and temporal state, SWA windows) are sharded by
-other rules (SGLang's `compute_mamba_state_slice_byte_blocks`); with state buffers both sides must run the
-same attention TP for now (`layout_problem` says so).
+Mamba/GDN/KDA state slots (conv and temporal state) are sliced by SGLang's other rule
+(`compute_mamba_state_slice_byte_blocks`, restated in tp_state.py) into byte runs (items.ByteRuns): in
+aggregation every source writes its shard of the decode's slot, so a source that sends no K/V (a replica)
+still sends its states with the last chunk. Other state kinds (SWA windows, DSA, ...) still need equal
+TP (`layout_problem` says so).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, replace
 
-from prfaas_sgl.transfer.items import HeadSlice
+from prfaas_sgl.srt.backend.tp_state import StateTensor, state_runs
+from prfaas_sgl.transfer.items import ByteRuns, HeadSlice, ItemBatch, Items, Slice
 from prfaas_sgl.transfer.layout import MemoryLayout
 
 
@@ -67,28 +71,55 @@ def sends_aux(src_tp: int, dst_tp: int, src_rank: int) -> bool:
 @dataclass(frozen=True, slots=True)
 class Pairing:
     """What one prefill rank sends to one decode rank: the K/V head slice on each side (None = whole
-    items, equal TP), whether K/V and aux go at all."""
+    items, equal TP), whether K/V and aux go at all, and `states`: per state buffer id that goes, its
+    (src, dst) byte runs (None = every state buffer whole, equal TP)."""
 
     src: HeadSlice | None
     dst: HeadSlice | None
     kv: bool
     aux: bool
+    states: dict[int, tuple[ByteRuns, ByteRuns]] | None = None
+
+    def sends(self, last: bool) -> bool:
+        """Anything goes with a chunk (`last`: the one that carries states and aux)?"""
+        return self.kv or (last and (self.aux or self.states is None or bool(self.states)))
 
     @property
     def empty(self) -> bool:
-        return not self.kv and not self.aux
+        return not self.sends(last=True)
 
 
 def pairing(src_tp: int, dst_tp: int, src_rank: int, dst_rank: int, total_heads: int, page_size: int,
-            head_bytes: int) -> Pairing:
-    """`head_bytes`: bytes of one head of one token (head_dim × dtype size) in a K or V buffer."""
+            head_bytes: int, states: Mapping[int, StateTensor] | None = None, i_send: bool = True) -> Pairing:
+    """`head_bytes`: bytes of one head of one token (head_dim × dtype size) in a K or V buffer; `states`:
+    this side's state buffers (tp_state.state_tensors; the prefill's if `i_send`)."""
     if src_tp == dst_tp:
         return Pairing(None, None, True, True)
     s0, n, d0, _ = head_slice_params(src_tp, dst_tp, src_rank, dst_rank, total_heads)
     src_heads, dst_heads = max(1, total_heads // src_tp), max(1, total_heads // dst_tp)
+    my_tp, peer_tp = (src_tp, dst_tp) if i_send else (dst_tp, src_tp)
+    runs = state_runs(states or {}, my_tp, peer_tp, src_rank, dst_rank, i_send)
     return Pairing(HeadSlice(page_size, src_heads, head_bytes, s0, n),
                    HeadSlice(page_size, dst_heads, head_bytes, d0, n),
-                   sends_kv(src_tp, dst_tp, src_rank, total_heads), sends_aux(src_tp, dst_tp, src_rank))
+                   sends_kv(src_tp, dst_tp, src_rank, total_heads), sends_aux(src_tp, dst_tp, src_rank), runs)
+
+
+def with_state_runs(batch: ItemBatch, pair: Pairing, state_ids: Collection[int], side: int) -> ItemBatch:
+    """`batch` with each state buffer's items under its byte runs (`side` 0: the prefill's, 1: the
+    decode's); state buffers that do not go in this pairing are left out. Equal TP: `batch` as it is."""
+    if pair.states is None:
+        return batch
+    groups: list[Items] = []
+    for g in batch.groups:
+        if not state_ids or not set(g.buffer_ids) & set(state_ids):
+            groups.append(g)
+            continue
+        by_slice: dict[Slice, list[int]] = {}  # buffers sharing a slice (every conv layer, ...) stay one group
+        for b in g.buffer_ids:
+            if b in pair.states:
+                by_slice.setdefault(pair.states[b][side], []).append(b)
+        groups += [Items(tuple(ids), g.index, runs) for runs, ids in by_slice.items()]
+    return replace(batch, groups=tuple(groups))
 
 
 def head_bytes(item_len: int, page_size: int, tp: int, total_heads: int) -> int | None:
@@ -99,15 +130,13 @@ def head_bytes(item_len: int, page_size: int, tp: int, total_heads: int) -> int 
 
 
 def layout_problem(mine: MemoryLayout, theirs: MemoryLayout, my_tp: int, their_tp: int, total_heads: int,
-                   page_size: int) -> str | None:
-    """Why a peer at another attention TP cannot exchange K/V with us, or None (equal TP: see mismatch())."""
+                   page_size: int, states: Mapping[int, StateTensor] | str = "") -> str | None:
+    """Why a peer at another attention TP cannot exchange K/V and states with us, or None (equal TP: see
+    mismatch()). `states`: our state buffers (tp_state.state_tensors), or why they cannot be sliced."""
     if my_tp == their_tp:
         return mine.mismatch(theirs)
-    if mine.ids_of("state"):
-        return (f"attention TP differs (here {my_tp}, peer {their_tp}) and the model has state buffers "
-                "(Mamba/GDN or SWA), which prfaas_zmq does not slice between TP sizes yet: run equal TP")
-    kv = mine.ids_of("kv")
-    problem = mine.mismatch(theirs, sliced=kv)
+    kv, state = mine.ids_of("kv"), mine.ids_of("state")
+    problem = mine.mismatch(theirs, sliced=kv + state) or _state_problem(theirs, my_tp, their_tp, state, states)
     if problem:
         return problem
     for b in kv:
@@ -117,4 +146,25 @@ def layout_problem(mine: MemoryLayout, theirs: MemoryLayout, my_tp: int, their_t
             return (f"K/V buffer {b}: item lengths {mine.buffers[b].item_len} B (TP {my_tp}) and "
                     f"{theirs.buffers[b].item_len} B (TP {their_tp}) do not split into {total_heads} heads "
                     f"of one size with page_size {page_size}")
+    return None
+
+
+def _state_problem(theirs: MemoryLayout, my_tp: int, their_tp: int, ids: list[int],
+                   states: Mapping[int, StateTensor] | str) -> str | None:
+    """Our state buffers must shard into the peer's: the slot it registered is the one SGLang's rule
+    gives at its TP."""
+    if not ids:
+        return None
+    if isinstance(states, str):
+        why = states or "no per-tensor slice dims known"
+    else:
+        why = "" if set(ids) <= set(states) else "no per-tensor slice dims known for every state buffer"
+    if why:
+        return (f"attention TP differs (here {my_tp}, peer {their_tp}) and the state buffers cannot be sliced "
+                f"between TP sizes: {why}; run equal TP")
+    for b in ids:
+        peer = states[b].at(my_tp, their_tp)
+        if peer is None or peer.item_len != theirs.buffers[b].item_len:
+            return (f"state buffer {b}: {states[b].item_len} B slots (TP {my_tp}, dim {states[b].dim}) do not "
+                    f"shard into the peer's {theirs.buffers[b].item_len} B slots (TP {their_tp})")
     return None
