@@ -1,11 +1,12 @@
-"""`--prfaas-unified-pool` under PD (issue 17): a real CPU SGLang prefill and decode, tiny hybrid GDN
-model, each holding KV tokens and GDN states in ONE slab with one block free list, and prfaas_zmq moving
-the strided slab rows (`srt.buf_infos` -> `transfer.buffers.Strided`). A second decode keeps SGLang's
-packed pools: the wire is per logical buffer, so the two pool kinds pair.
+"""`--prfaas-unified-pool` on real CPU SGLang servers (issue 17), tiny hybrid GDN model: KV tokens and GDN
+states in ONE slab with one block free list, colocated and as a PD prefill/decode pair with prfaas_zmq
+moving the strided slab rows (`srt.buf_infos` -> `transfer.buffers.Strided`). A second decode keeps
+SGLang's packed pools: the wire is per logical buffer, so the two pool kinds pair. The colocated server
+asks for more running requests than SGLang's Mamba cap gives a fixed split (slab_rows.py).
 
-Checked: greedy tokens == a colocated server without prefix caching; prefix hits on both sides of the
-unified pair; a burst that overfills both slabs finishes exactly and leaves both servers healthy;
-check_integrity() after every release (PRFAAS_CACHEPOOL_CHECK=1) and SGLang's idle leak check never fail.
+Checked: greedy tokens == a colocated server without prefix caching; prefix hits; bursts that overfill
+the slabs finish (PD: exactly) and leave the servers healthy; check_integrity() after every release
+(PRFAAS_CACHEPOOL_CHECK=1) and SGLang's idle leak check never fail.
 """
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ def _specs(log_dir):
                        extra_args=ZMQ + UNIFIED + ("--disaggregation-decode-enable-radix-cache",)),
         "packed_decode": spec(log_dir, "packed_decode", HYBRID, mode="decode", transfer_backend="prfaas_zmq",
                               max_running_requests=1, extra_args=ZMQ),
+        # 16 rows asked; SGLang's Mamba cap would give 24 / 3 = 8
+        "unified": spec(log_dir, "unified_colocated", HYBRID, chunked_prefill_size=GRID, env=CHECK, **POOL,
+                        max_running_requests=16, extra_args=UNIFIED),
         # the same reference server as test_cachepool_pd.py / test_router_decode_cache.py (shared)
         "colocated": spec(log_dir, "pool_pd_colocated", HYBRID, chunked_prefill_size=GRID, max_running_requests=1,
                           extra_args=("--disable-radix-cache",)),
@@ -114,3 +118,44 @@ def test_burst_overfilling_both_slabs_finishes_exactly(farm, model_paths):
     # and the pair still serves, hitting on the freshest prompt
     again = _pd(farm, prompts[-1])
     assert again["output_ids"] == outs[-1]["output_ids"]
+
+
+# -- colocated ----------------------------------------------------------------------------------------
+def _gen(farm, ids: list[int], new: int = NEW) -> dict:
+    out = post(farm["unified"].url + "/generate", generate_body(ids, new))
+    assert "output_ids" in out, out
+    return out
+
+
+def test_colocated_rows_grow_past_the_mamba_cap(farm):
+    text = farm["unified"].log_path.read_text(errors="replace")
+    assert "prfaas unified pool: 16 request rows (SGLang's Mamba cap gave 8)" in text
+
+
+def test_colocated_shared_prompt_hits_and_matches_no_cache(farm, model_paths):
+    system = prompt_ids(model_paths["hybrid"], 300, seed=7)
+    questions = [prompt_ids(model_paths["hybrid"], 20, seed=200 + i) for i in range(3)]
+    outs = [_gen(farm, system + q) for q in questions]
+    assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 256, 256]
+    for q, o in zip(questions, outs):
+        assert o["output_ids"] == _colocated(farm, system + q)
+    _slab_built(farm, "unified")
+
+
+def test_colocated_burst_overfilling_the_slab_stays_consistent(farm, model_paths):
+    # 8 distinct 600-token prompts at once on 16 rows: 4.8K tokens of KV against a slab whose KV side holds
+    # at most ~2.3K with every row's state reserved, so requests wait and cached entries are evicted
+    prompts = [prompt_ids(model_paths["hybrid"], 600, seed=500 + i) for i in range(8)]
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        outs = list(ex.map(lambda p: post(farm["unified"].url + "/generate", generate_body(p, 16), 900), prompts))
+    for o in outs:  # each finished, or was refused with an HTTP error; never a crash
+        assert len(o.get("output_ids", [])) == 16 or o.get("http_status"), o
+    assert sum(1 for o in outs if "output_ids" in o) >= 1
+    # LRU may have evicted any burst prompt by now: run one twice; the second resumes at 576 = 9 x 64
+    _gen(farm, prompts[0], 16)
+    again = _gen(farm, prompts[0], 16)
+    assert again["meta_info"]["cached_tokens"] == 576
+    assert again["output_ids"] == post(farm["colocated"].url + "/generate", generate_body(prompts[0], 16))["output_ids"]
+    _slab_built(farm, "unified")
+    ok, errors, _, _ = _log_facts(farm, "unified")
+    assert ok >= len(prompts) and errors == 0
