@@ -177,7 +177,9 @@ def max_stall(work) -> tuple[float, float]:
 def test_tokenizing_releases_the_gil(tmp_path):
     """H3: ``Tokenizer.encode`` holds the GIL for its whole run (the control below); ``encode_batch`` releases it."""
     tok = PromptTokenizer(build_tiny_tokenizer(str(tmp_path / "tok")))
-    text = "prefill as a service moves long prompts " * 5_000  # 200 kB: a few hundred ms
+    # 800 kB: ~1 s held by the control; encode_batch splits it over the cores (0.06 s for 200 kB on a quiet
+    # 2-core machine, too short to tell a release from a lucky schedule, so CI failed there)
+    text = "prefill as a service moves long prompts " * 20_000
     assert tok.encode_text(text) == tok.tok.encode(text, add_special_tokens=True).ids
     took, gap = max_stall(lambda: tok.tok.encode(text))
     assert gap > 0.8 * took  # control: the old call froze every other thread
