@@ -153,10 +153,13 @@ def test_prefill_killed_mid_transfer_then_fresh_prefill(farm, model_paths):
     results: list[dict] = []
     threads = [threading.Thread(target=lambda i=i: results.append(run_pd(prefill, decode, ids[i:] + ids[:i])))
                for i in range(3)]
+    log_from = prefill.log_path.stat().st_size
     started = time.monotonic()
     for t in threads:
         t.start()
-    time.sleep(3.0)  # requests bootstrapped and prefilling/streaming
+    # Kill at the first prefill chunk (1 of 8 of the first request), not after a fixed sleep: on a quiet
+    # machine a whole 4,100-token request prefilled and transferred within 2 s, so a 3 s sleep let it finish.
+    _wait_for_log(prefill.log_path, log_from, "Prefill batch", timeout_s=60)
     prefill.kill()
     for t in threads:
         t.join(180)
@@ -171,3 +174,15 @@ def test_prefill_killed_mid_transfer_then_fresh_prefill(farm, model_paths):
     out = run_pd(fresh, decode, short)
     assert error_text(out) == "", out
     assert out["output_ids"] == colocated(farm, short)
+
+
+def _wait_for_log(path: Path, offset: int, needle: str, timeout_s: float) -> None:
+    """Until `needle` appears in the log past byte `offset` (polled every 10 ms)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        with open(path, errors="replace") as f:
+            f.seek(offset)
+            if needle in f.read():
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"{needle!r} not in {path} within {timeout_s} s")
