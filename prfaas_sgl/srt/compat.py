@@ -2,6 +2,7 @@
 
 `install()` runs in every SGLang process (plugin loader). It registers hooks that are cheap until used:
 - the `--prfaas-*` flag group and the frozen `PrfaasConfig` stored on the server-args record (`flags`);
+- the request guard (`request_guard`): token ids and values that would crash the scheduler get a 400;
 - the `prfaas_zmq` transfer backend (enum member, CLI choice, KV classes), if the transport is present;
 - CPU fixes, only when SGLang runs on CPU (`SGLANG_USE_CPU_ENGINE=1`).
 """
@@ -32,6 +33,9 @@ def install() -> None:
     server_args = "sglang.srt.server_args.ServerArgs"
     HookRegistry.register(f"{server_args}.add_cli_args", flags.after_add_cli_args, HookType.AFTER)
     HookRegistry.register(f"{server_args}.from_cli_args", flags.around_from_cli_args, HookType.AROUND)
+    from prfaas_sgl.srt import request_guard  # always on: a request must never be able to crash a server
+
+    request_guard.install(HookRegistry, HookType)
     _install_transfer_backend(HookRegistry, HookType)
     _install_cache_backend(HookRegistry, HookType)
     if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from prfaas_sgl.tools.chaos import hostile
 from prfaas_sgl.tools.launch import free_port
 from prfaas_sgl.router.app import RouterHandle
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
@@ -206,6 +207,23 @@ def test_client_rid_cannot_abort_another_clients_request(router, model_paths):
     assert not [e for e in rest if "error" in e], rest[-3:]
     finish = [c["finish_reason"] for e in rest for c in e.get("choices", []) if c.get("finish_reason")]
     assert finish == ["length"] and rest[-1]["usage"]["completion_tokens"] == out
+
+
+def test_hostile_requests_kill_no_server_and_take_none_out_of_rotation(router, farm, model_paths):
+    """One client sending out-of-vocabulary ids through the router once killed both prefills (the router retried
+    on the local one). Every case of the malformed-request catalog (prfaas_sgl/tools/chaos/hostile.py) goes
+    through the router; the cases SGLang itself would crash on also go to every server directly (the plugin's
+    request guard must refuse them there too). After each answer every server must answer /health, and at the
+    end the router must still count every instance healthy and serve."""
+    lim = hostile.Limits(vocab_size=hostile.vocab_size(model_paths["hybrid"]), context_length=CONTEXT, model="tiny")
+    servers = {name: farm[name].spec.url for name in ("prfaas", "local", "decode")}
+    report = hostile.run({"router": router.url}, servers, hostile.cases(lim), strict=True, say=print)
+    hostile.run(servers, servers, hostile.crash_cases(lim), strict=False, say=print, report=report)
+    assert report.ok, json.dumps(report.summary(), indent=1)
+    for pool, n in (("prfaas", 1), ("local_prefill", 1), ("decode", 1)):
+        assert router.metric("prfaas_router_pool_healthy_instances", pool=pool) == n
+    ids = prompt_ids(model_paths["hybrid"], 40, seed=7)
+    assert generate(router, ids) == ("local", hf_greedy(model_paths["hybrid"], ids, NEW))
 
 
 def test_prfaas_server_killed_requests_still_served_locally(router, farm, model_paths):
