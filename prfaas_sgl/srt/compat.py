@@ -79,7 +79,7 @@ def _install_cache_backend(HookRegistry, HookType) -> None:
 def _install_transfer_backend(HookRegistry, HookType) -> None:
     try:
         from prfaas_sgl.srt.backend import sglang_backend
-    except ImportError as e:  # transport not built yet or its deps missing: SGLang's own backends still work
+    except ImportError as e:  # a partial install: SGLang's own transfer backends still work without ours
         log.debug("prfaas_zmq backend unavailable: %s", e)
         return
     sglang_backend.register(HookRegistry, HookType)
