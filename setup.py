@@ -2,7 +2,8 @@
 
 `router/`, `cachepool/` and `kernels/` are installed as `prfaas_sgl.router`, ... because the bare names
 exist on PyPI (and transformers probes an installed `kernels` package). Sub-packages are discovered, so no
-list is kept in sync by hand.
+list is kept in sync by hand. `scenarios/` is installed as `prfaas_sgl.scenarios` with its TOML files as
+package data: the simulator's studies read them from the installed package, not from a repository checkout.
 
 `prfaas_sgl_boot.pth` must sit at the top of site-packages: SGLang's scheduler subprocess imports modules
 that do `from sgl_kernel import ...` before its plugin loader runs, so the CPU stand-in for `sgl_kernel`
@@ -19,7 +20,9 @@ ROOTS = {
     "prfaas_sgl.router": "router",
     "prfaas_sgl.cachepool": "cachepool",
     "prfaas_sgl.kernels": "kernels",
+    "prfaas_sgl.scenarios": "scenarios",
 }
+PACKAGE_DATA = {"prfaas_sgl.scenarios": ["*.toml"]}
 PTH = "prfaas_sgl_boot.pth"
 
 
@@ -70,5 +73,6 @@ class EditableWithPth(editable_wheel):
 setup(
     packages=_packages(),
     package_dir=dict(ROOTS),
+    package_data=PACKAGE_DATA,
     cmdclass={"build_py": BuildWithPth, "editable_wheel": EditableWithPth},
 )

@@ -36,7 +36,9 @@ class SlabBlocks:
         self._pool = BlockPool(num_blocks)
         self.kind = [FREE] * num_blocks
         self._count = {FREE: num_blocks, KV: 0, STATE: 0, PAD: 0}
-        assert self._take(PAD, 1) == [0]
+        padding = self._take(PAD, 1)  # a statement, not an assert: `python -O` drops asserts with their effects
+        if padding != [0]:
+            raise RuntimeError(f"SlabBlocks: the block pool handed out {padding} first; block 0 must be padding")
 
     # -- counts -------------------------------------------------------------------------------
     def num_free(self) -> int:

@@ -1,4 +1,4 @@
-"""prfaas_hybrid at GPU pool sizes, before and after issue 13 (part 4), next to SGLang 0.5.23's own tree.
+"""prfaas_hybrid at GPU pool sizes, before and after its GPU-size rework, next to SGLang 0.5.23's own tree.
 
 Each tree runs on SGLang's real CPU allocators (`TokenToKVPoolAllocator`, page 1; `HybridReqToTokenPool`
 with its Mamba slot allocator) at `--kv-tokens` slots, driven as the scheduler drives it: match on
@@ -34,14 +34,14 @@ from array import array
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE_REV = "b7bbc14"  # last change to cachepool/ and the backend before issue 13
+BASE_REV = "b7bbc14"  # last change to cachepool/ and the backend before the GPU-size rework
 QUERIES = ("evictable_size", "protected_size", "full_evictable_size", "full_protected_size",
            "mamba_evictable_size", "mamba_protected_size")
 
 
 def use_code(root: str) -> None:
     """Import prfaas_sgl.cachepool and prfaas_sgl.srt.cachepool_backend from an extracted tree `root`."""
-    # revisions before issue 16 keep the backend at prfaas_sgl/cachepool_backend
+    # revisions before the SGLang boundary moved to prfaas_sgl/srt/ keep the backend at prfaas_sgl/cachepool_backend
     backend = next(p for p in ("prfaas_sgl/srt/cachepool_backend", "prfaas_sgl/cachepool_backend")
                    if Path(root, p).is_dir())
     for name, sub in (("prfaas_sgl.cachepool", "cachepool"), ("prfaas_sgl.srt.cachepool_backend", backend)):

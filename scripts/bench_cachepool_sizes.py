@@ -1,4 +1,5 @@
-"""prfaas_hybrid's size queries at a GPU-sized cache: microseconds per call (issue 12, M9).
+"""prfaas_hybrid's size queries at a GPU-sized cache: microseconds per call (O(1) counters vs the
+LRU scan they replaced).
 
 SGLang's scheduler asks the tree cache for its evictable / protected sizes several times per step
 (prefill budget, decode `_allocatable_tokens`, pool stats), so a query that scans the cache adds its
@@ -66,7 +67,7 @@ def fill(blocks: int, prompt: int, chunk: int):
 
 
 def naive_queries(cache) -> dict:
-    """The size queries as they were before issue 12: each call copies and scans the LRU."""
+    """The size queries as they were before the counters: each call copies and scans the LRU."""
     def idle() -> tuple[int, int]:
         full, owner = cache.pool.managers[0], cache.pool.blocks.owner
         lru = cache.pool.blocks.lru_blocks()

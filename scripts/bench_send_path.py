@@ -1,4 +1,4 @@
-"""Send path of prfaas_zmq: scheduler-thread cost of one prefill chunk, and end-to-end goodput (issue 13).
+"""Send path of prfaas_zmq: scheduler-thread cost of one prefill chunk, and end-to-end goodput (the staged path).
 
 Pool layout like Qwen3-Next at TP 1: 24 K/V buffers (12 full-attention layers × K, V; 2 KV heads × 256 dim
 in bf16 = 1 KiB per token) + 36 GDN state buffers + 1 aux buffer. Pages: page size 1 or 64; "contiguous"
@@ -9,7 +9,7 @@ in bf16 = 1 KiB per token) + 36 GDN state buffers + 1 aux buffer. Pages: page si
     .venv/bin/python scripts/bench_send_path.py --only link --rates 1gbit                   # tc tbf link only (root)
 
 Measured per configuration:
-- `legacy_ms`: the pre-issue-13 scheduler-thread work of `add_transfer_request` — `flat()`, byte regions
+- `legacy_ms`: the scheduler-thread work before the staged path of `add_transfer_request` — `flat()`, byte regions
   per page and buffer (`item_regions`), the state/aux tail, and `ZmqSender.send`'s `check_region` per region
   — rebuilt here from the still-present layout helpers, so it can be measured beside the new path;
 - `ours_ms`: `PrefillManager.add_transfer_request` as SGLang calls it (a real manager and `ZmqSender`
@@ -105,7 +105,7 @@ def timed(fn, repeat: int) -> float:
     return statistics.median(out)
 
 
-# -- the pre-issue-13 scheduler-thread work -------------------------------------------------------------
+# -- the scheduler-thread work before the staged path ----------------------------------------------------------
 def legacy_ms(case: Case, repeat: int) -> float:
     from prfaas_sgl.srt.backend.memory import KVMemory, flat
     from prfaas_sgl.transfer.layout import item_regions

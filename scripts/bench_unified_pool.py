@@ -1,4 +1,4 @@
-"""What one shared pool buys (issue 17, item 4): three CPU SGLang servers with the SAME memory, one workload
+"""What one shared pool buys: three CPU SGLang servers with the SAME memory, one workload
 that shifts between many short requests and a few long ones with a shared prefix.
 
     sglang     SGLang's own prefix cache (MambaRadixCache), its fixed split: --max-total-tokens KV tokens

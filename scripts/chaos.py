@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fault campaign (issue 12): router + real SGLang PD servers (prfaas_zmq, tiny hybrid model, CPU) under a
+"""The fault campaign: router + real SGLang PD servers (prfaas_zmq, tiny hybrid model, CPU) under a
 seeded load while a seeded schedule kills -9 and restarts the remote prefill, the local prefill and one
 decode, and drops the emulated inter-DC link to zero. Needs root. See docs/reliability.md.
 

@@ -1,4 +1,4 @@
-"""The one interface the long-timescale controller acts through (issue 15).
+"""The one interface the long-timescale controller acts through.
 
 An actuator moves the local PD cluster toward a target prefill/decode split. Two implementations share it:
 ``processes`` (drain a local server, restart it in the other role, re-admit it when healthy — what

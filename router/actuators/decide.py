@@ -1,4 +1,4 @@
-"""Whether to move the local prefill/decode split: hysteresis and a minimum dwell time (issue 15).
+"""Whether to move the local prefill/decode split: hysteresis and a minimum dwell time.
 
 The long-term controller recommends a split every interval from one window of traffic; acting on every
 recommendation would flap servers between roles, and each switch costs a drain plus a restart (minutes of

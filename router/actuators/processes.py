@@ -1,4 +1,4 @@
-"""The processes actuator: switch one local server between prefill and decode (issue 15).
+"""The processes actuator: switch one local server between prefill and decode.
 
 A switch, one server at a time::
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _plt():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display), imported on first use; the simulator's
+    studies and the demo's plots share it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -16,7 +18,7 @@ def _plt():
 
 def plot_timeseries(docs: dict[str, dict], path: Path, title: str = "") -> Path:
     """Goodput, P90 TTFT (by arrival time), link and pool use, threshold; one line per labelled run."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(5, 1, figsize=(8, 10), sharex=True)
     for label, doc in docs.items():
         ts = doc["timeseries"]
@@ -46,7 +48,7 @@ def plot_timeseries(docs: dict[str, dict], path: Path, title: str = "") -> Path:
 
 def plot_shift(docs: dict[str, dict], path: Path, title: str = "") -> Path:
     """Goodput, P90 TTFT (by arrival time) and the local prefill servers serving, one line per labelled run."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
     for label, doc in docs.items():
         ts = doc["timeseries"]

@@ -1,6 +1,9 @@
 """The studies behind docs/simulation.md; each writes one PNG and prints JSON.
 
     python3 -m prfaas_sgl.router.sim.studies {capacity,burst,pacing,prefix,dense,shift} --out docs/img
+
+Scenarios come from the installed package (`prfaas_sgl.scenarios`), so a wheel install runs them too; the
+PNGs go to `--out` (default `docs/img` under the working directory).
 """
 
 from __future__ import annotations
@@ -12,16 +15,17 @@ from pathlib import Path
 
 import numpy as np
 
+from prfaas_sgl.scenarios import scenario_path
+
 from ..planner import load_scenario
 from ..planner.optimize import plan_homogeneous, plan_naive, plan_prfaas
 from ..planner.scenario import with_prefix_hits
 from .config import sim_config
 from .metrics import request_arrays
-from .plots import _plt, plot_shift, plot_timeseries
+from .plots import plot_shift, plot_timeseries, pyplot
 from .run import build, simulate, workload
 
-ROOT = Path(__file__).resolve().parents[2]
-CASE = ROOT / "scenarios" / "paper_case_study.toml"
+CASE = scenario_path("paper_case_study")
 
 
 def stable(scn, policy: str, rate: float, seed: int = 1) -> bool:
@@ -46,7 +50,7 @@ def capacity(out: Path) -> dict:
             mid = 0.5 * (lo + hi)
             lo, hi = (mid, hi) if stable(scn, pol, mid) else (lo, mid)
         found[pol] = lo
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     x = np.arange(3)
     ax.bar(x - 0.2, list(model.values()), 0.4, label="model Λ_max")
@@ -60,7 +64,7 @@ def capacity(out: Path) -> dict:
 
 
 def burst(out: Path) -> dict:
-    scn = load_scenario(ROOT / "scenarios" / "burst_link_drop.toml")
+    scn = load_scenario(scenario_path("burst_link_drop"))
     runs = {"static threshold": ("threshold", False), "bandwidth-aware": ("bandwidth_aware", False),
             "bandwidth-aware + controller": ("bandwidth_aware", True), "threshold + controller": ("threshold", True),
             "paced": ("paced", False)}
@@ -71,14 +75,14 @@ def burst(out: Path) -> dict:
             | {"ttft_p90_s": d["totals"]["ttft_s"]["p90"]} for k, d in docs.items()}
 
 
-PACING_SEEDS = (7, 11, 13, 1, 2, 3, 4, 5, 6, 8, 9, 10, 12, 14)  # the first six as in issue 15, then fresh ones
+PACING_SEEDS = (7, 11, 13, 1, 2, 3, 4, 5, 6, 8, 9, 10, 12, 14)  # the first six as first chosen, then fresh ones
 PACING_RUNS = ("threshold", "bandwidth_aware", "paced")
 
 
 def pacing(out: Path) -> dict:
     """The burst + link-drop scenario on several seeds: static threshold vs bandwidth-aware vs paced (no plot).
-    ``target_met``: issue 15's target, paced P90 TTFT below the static threshold's with goodput not worse."""
-    scn = load_scenario(ROOT / "scenarios" / "burst_link_drop.toml")
+    ``target_met``: the pacing target, paced P90 TTFT below the static threshold's with goodput not worse."""
+    scn = load_scenario(scenario_path("burst_link_drop"))
     rows = {"lam_max_rps": plan_prfaas(scn.system).stages.lam}  # what the split sustains on the full link
     for seed in PACING_SEEDS:
         tots = {p: simulate(scn, sim_config(scn.sim, policy=p, seed=seed))["totals"] for p in PACING_RUNS}
@@ -109,7 +113,7 @@ def prefix(out: Path) -> dict:
         ho = plan_homogeneous(replace(scn.baseline, dist=dist)).stages
         rows[h] = {"t": pr.t, "split": [pr.n_p, pr.n_d], "lam": pr.lam, "homog": ho.lam, "gain": pr.lam / ho.lam,
                    "offload": pr.split.p}
-    plt = _plt()
+    plt = pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5))
     hs = list(rows)
     a1.plot(hs, [rows[h]["t"] / 1000 for h in hs], "o-")
@@ -127,11 +131,11 @@ def dense(out: Path) -> dict:
     links = [10, 25, 50, 100, 200, 400, 800]
     rows = {}
     for n in names:
-        scn = load_scenario(ROOT / "scenarios" / f"{n}.toml")
+        scn = load_scenario(scenario_path(n))
         base = plan_homogeneous(scn.baseline).stages.lam
         rows[n] = {g: {"gain": (st := plan_prfaas(replace(scn.system, link_Bps=g * 1e9 / 8)).stages).lam / base,
                        "offload": st.split.p, "bound": st.bound} for g in links}
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for n in names:
         ax.plot(links, [rows[n][g]["gain"] for g in links], "o-", label=n)
@@ -182,7 +186,7 @@ STUDIES = {"capacity": capacity, "burst": burst, "pacing": pacing, "prefix": pre
 def main() -> None:
     ap = argparse.ArgumentParser(description="simulation studies for docs/simulation.md")
     ap.add_argument("study", choices=sorted(STUDIES))
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
+    ap.add_argument("--out", type=Path, default=Path("docs") / "img", help="directory for the PNGs")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     print(json.dumps(STUDIES[args.study](args.out), indent=1, default=str))

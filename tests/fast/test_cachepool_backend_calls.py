@@ -1,5 +1,5 @@
 """prfaas_hybrid driven through SGLang's calls on SGLang's real KV allocator, random interleavings of
-requests, chunk checkpoints, releases, locks and evictions (issue 13 part 4). After every step:
+requests, chunk checkpoints, releases, locks and evictions. After every step:
 
 - every KV slot is exactly one of free / cached (mirror) / in a live request's row, and every Mamba slot
   one of free / cached / a live request's (batched frees neither leak nor free twice);

@@ -1,4 +1,4 @@
-"""Incremental block hashing (issue 13 part 4): hashing a request chunk by chunk, chained from the last
+"""Incremental block hashing: hashing a request chunk by chunk, chained from the last
 hash, equals hashing it from scratch; SGLang's array("q") token ids hash like lists; hash values are
 the documented xxh3 over uint32 ids (unchanged by the numpy packing); the backend's per-request memo
 hashes each block once and starts over when the tokens are not an extension."""

@@ -1,4 +1,4 @@
-"""Issue 12 M9: prfaas_hybrid's size queries (called several times per SGLang scheduler step) read
+"""prfaas_hybrid's size queries (called several times per SGLang scheduler step) read
 per-owner idle counters instead of scanning the LRU. Pins: the counters equal the scan after every
 pool operation (eviction and reset included), and a query never iterates the LRU."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One physical pool for KV pages and linear-attention states (issue 17): the aligned layout, the
+"""One physical pool for KV pages and linear-attention states: the aligned layout, the
 SGLang-shaped views over one buffer, and HybridCachePool's groups allocating from it — the split between
 KV and states moves with the workload, eviction is LRU across both kinds, and no block is ever written
 by two owners."""

@@ -1,4 +1,4 @@
-"""SGLang's token allocator and Mamba slot allocator over one slab's blocks (issue 17): a KV token and
+"""SGLang's token allocator and Mamba slot allocator over one slab's blocks: a KV token and
 a state never share a block, exhaustion is reported the way SGLang expects (None), freed blocks serve
 the other kind, and SGLang's idle leak check (available + held == size) holds on both sides. CPU, no
 server: SGLang's own pool classes, writes through their own APIs."""

@@ -1,4 +1,4 @@
-"""--prfaas-unified-pool in process (issue 17): `unify` turns SGLang's own configure() result (a real
+"""--prfaas-unified-pool in process: `unify` turns SGLang's own configure() result (a real
 HybridReqToTokenPool + HybridLinearKVPool + TokenToKVPoolAllocator, CPU, tiny) into one slab, and
 prfaas_hybrid's LRU then frees memory for either kind through the calls SGLang's scheduler makes
 (`alloc_req_slots` -> ensure_mamba_capacity -> evict_for_alloc, `alloc_token_slots` -> evict)."""

@@ -1,7 +1,9 @@
-"""SlabBlocks: one free list for KV blocks and state blocks (issue 17). Plain Python, exact ids."""
+"""SlabBlocks: one free list for KV blocks and state blocks (the unified slab). Plain Python, exact ids."""
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -14,6 +16,16 @@ def test_block_zero_is_never_handed_out():
     assert b.take_kv(1) == [1] and b.take_state(2) == [2, 3]
     assert b.take_state(1) is None and b.take_kv(1) is None
     b.check()
+
+
+def test_block_zero_is_reserved_under_python_O():
+    """`python -O` strips asserts with their side effects: block 0 (SGLang's padding) must stay reserved."""
+    code = ("from prfaas_sgl.cachepool.slab_blocks import SlabBlocks, PAD\n"
+            "b = SlabBlocks(4)\n"
+            "print(b.kind[0] == PAD, b.take_kv(3))")
+    out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True [1, 2, 3]"  # block 0 padding, KV gets 1..3
 
 
 def test_freed_blocks_serve_the_other_kind():

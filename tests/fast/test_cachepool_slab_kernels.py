@@ -1,4 +1,4 @@
-"""The CPU GDN ops (SGLang's sgl_kernel stand-ins) on slab state views (issue 17): a state pool that is a
+"""The CPU GDN ops (SGLang's sgl_kernel stand-ins) on slab state views: a state pool that is a
 strided view over the one slab (block stride, not contiguous) gives the same outputs and the same
 updated states as a contiguous pool, and the in-place updates land in the indexed blocks only."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""prfaas_hybrid over ONE slab (--prfaas-unified-pool, issue 17), driven by the same random interleavings
+"""prfaas_hybrid over ONE slab (--prfaas-unified-pool), driven by the same random interleavings
 of SGLang's calls as test_cachepool_backend_calls (requests, chunk checkpoints, releases, locks,
 evictions), on `unify`'s allocators over SGLang's real pools. After every step:
 

@@ -1,4 +1,4 @@
-"""SGLang's own KV pool and Mamba pool classes running over one cache-pool slab (issue 17): their
+"""SGLang's own KV pool and Mamba pool classes running over one cache-pool slab: their
 writes land in the slab block the cache pool would assign, with no copy (CPU, no server)."""
 from __future__ import annotations
 

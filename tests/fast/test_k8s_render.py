@@ -70,7 +70,7 @@ def test_layout_per_datacenter_and_gpus(gpu):
     assert set(gpu) == {"remote/00-namespace.yaml", "remote/10-secrets.yaml", "remote/20-servers.yaml",
                         "remote/40-networkpolicy.yaml", "local/00-namespace.yaml", "local/10-secrets.yaml",
                         "local/20-servers.yaml", "local/30-router.yaml",
-                        "local/40-networkpolicy.yaml"}  # prfaas_zmq on GPUs (issue 13): CURVE keys on both sides
+                        "local/40-networkpolicy.yaml"}  # prfaas_zmq on GPUs: CURVE keys on both sides
     remote = find(gpu, "StatefulSet", "prfaas-prefill", "remote")
     assert remote["spec"]["replicas"] == 2 and remote["metadata"]["namespace"] == "prfaas-remote"
     assert remote["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8}

@@ -1,4 +1,4 @@
-"""The Grafana dashboard (issue 18): committed JSON == its generator's output, well-formed panels, and the
+"""The Grafana dashboard: committed JSON == its generator's output, well-formed panels, and the
 views the issue asks for. Query syntax: test_monitoring_rules.py (promtool); names: test_monitoring_names.py."""
 from __future__ import annotations
 

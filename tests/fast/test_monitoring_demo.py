@@ -1,4 +1,4 @@
-"""The demo's monitored run (issue 18): a real Prometheus scrapes a router's /metrics and the demo reads the
+"""The demo's monitored run: a real Prometheus scrapes a router's /metrics and the demo reads the
 offload and link series back from its HTTP API (prfaas_sgl/tools/demo/monitor.py)."""
 from __future__ import annotations
 

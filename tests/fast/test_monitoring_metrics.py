@@ -1,4 +1,4 @@
-"""Router metrics added for the operator's dashboard and alerts (issue 18): TTFT by route, and the planner's
+"""Router metrics added for the operator's dashboard and alerts: TTFT by route, and the planner's
 optimal offload fraction next to the routed one."""
 from __future__ import annotations
 

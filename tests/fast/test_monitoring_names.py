@@ -1,4 +1,4 @@
-"""Every metric name the alert rules and the Grafana dashboard use is exported, live (issue 18).
+"""Every metric name the alert rules and the Grafana dashboard use is exported, live.
 
 A real router process (stand-in prefill/decode servers) and a real prfaas_zmq sender process (its stats
 server, one completed transfer, one refused peer) are scraped over HTTP; each prfaas_* name in

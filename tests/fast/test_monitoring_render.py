@@ -1,4 +1,4 @@
-"""`prfaas render prometheus` (issue 18): scrape targets derived from the deployment file, never by hand."""
+"""`prfaas render prometheus`: scrape targets derived from the deployment file, never by hand."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""The operator's monitoring checked by promtool (issue 18): alert rules, their unit tests (every alert firing
+"""The operator's monitoring checked by promtool: alert rules, their unit tests (every alert firing
 and quiet), the scrape config `prfaas render prometheus` writes, and every dashboard query's PromQL.
 
 `make setup` installs Debian's `prometheus` (promtool) when run as root, as CI does: there a missing promtool

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the router's HTTP API, generated from docs/openapi.yaml (issue 12).
+"""Property-based fuzzing of the router's HTTP API, generated from docs/openapi.yaml.
 
 Requests are drawn from the request-body schemas there (valid ones), then mutated: a field removed, a value
 anywhere in the document replaced by a wrong type / huge number / odd unicode / random JSON, a random JSON

@@ -1,4 +1,4 @@
-"""The link's drain rate from measured goodput, on a link that was not busy the whole time (issue 15 item 3).
+"""The link's drain rate from measured goodput, on a link that was not busy the whole time.
 
 Goodput is bytes moved over the whole measurement window. On a lightly loaded link that is what the traffic
 asked for, not what the link can carry: the router took it as the drain rate, saw a backlog many times too long,

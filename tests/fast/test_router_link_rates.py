@@ -1,4 +1,4 @@
-"""The router's link goodput from the transport's byte counters (issue 12 M8, real-server follow-up).
+"""The router's link goodput from the transport's byte counters.
 
 With real SGLang servers under load the router polled the transport every 1-2 s and took its 1 s-window
 goodput: integrated over a run it came to 0.78 of the bytes the transport moved, because bytes acknowledged

@@ -1,4 +1,4 @@
-"""Pacing (issue 15): a remote-bound request is held briefly while the link binds, in the policy, the
+"""Pacing: a remote-bound request is held briefly while the link binds, in the policy, the
 router's routing core and the simulator."""
 
 from __future__ import annotations

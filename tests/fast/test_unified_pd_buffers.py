@@ -1,4 +1,4 @@
-"""prfaas_zmq from and into the unified slab (issue 17 item 2): SGLang's pools after `unify` register
+"""prfaas_zmq from and into the unified slab: SGLang's pools after `unify` register
 strided buffers (`srt.buf_infos`), `KVMemory.of` turns them into `transfer.buffers.Strided`, and the real
 transport moves KV rows and GDN states between a slab side and a packed side over 127.0.0.1, byte-exact
 per logical buffer, writing nothing else in the slab."""

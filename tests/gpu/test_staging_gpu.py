@@ -1,4 +1,4 @@
-"""The staged path with CUDA pools (issue 13): real ZmqSender/ZmqReceiver threads over 127.0.0.1 with 4
+"""The staged path with CUDA pools: real ZmqSender/ZmqReceiver threads over 127.0.0.1 with 4
 connections, pools shaped like SGLang's (K/V buffers of `page_size` tokens × 2 heads × 256 B, a state
 buffer whose item is larger than a chunk, aux rows in host memory as SGLang keeps them on GPUs).
 

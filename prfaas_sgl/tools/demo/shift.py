@@ -61,9 +61,9 @@ def describe(actions: list, at: list[float], t0: float) -> list[str]:
 
 def plot_timeline(parts: list[tuple[str, dict]], actions: list, at: list[float], path: Path) -> Path:
     """TTFT of every request by send time across the parts, with the switch's start and end marked."""
-    from prfaas_sgl.router.sim.plots import _plt
+    from prfaas_sgl.router.sim.plots import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.5))
     t0 = min(r["started_unix"] for _, r in parts) if parts else 0.0
     for label, res in parts:
