@@ -2,7 +2,8 @@
 
 Each server runs in its own session (process group), so `stop()` reaches SGLang's scheduler and
 detokenizer children too. Servers are stopped on `stop()`, on context exit, at interpreter exit, and on
-SIGTERM/SIGINT of the launching process.
+SIGTERM/SIGINT of the launching process. One started from the main thread also dies with its launcher
+(PR_SET_PDEATHSIG): a launcher killed by SIGKILL or the OOM killer runs no cleanup at all.
 
     with SGLangServer(ServerSpec(model_path=..., port=free_port())) as srv:
         requests.post(srv.url + "/generate", ...)
@@ -10,6 +11,7 @@ SIGTERM/SIGINT of the launching process.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import json
 import os
 import random
@@ -17,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -24,6 +27,10 @@ from pathlib import Path
 
 MODES = ("colocated", "prefill", "decode")
 _LIVE: set["ManagedProcess"] = set()
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Loaded before any fork: the child between fork and exec must not dlopen (a lock another thread held at
+# fork time stays held there forever).
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
 _HANDED_OUT: set[int] = set()
@@ -139,15 +146,27 @@ class ManagedProcess:
         self.proc: subprocess.Popen | None = None
         self._log = None
 
-    def start(self):
+    def start(self, append: bool = False):
+        """Starts the process; ``append`` keeps the log of an earlier run (a restart after a crash: its end
+        says why). From the main thread the process also dies with this one (see ``_die_with_parent``)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "wb")
+        self._close_log()
+        self._log = open(self.log_path, "ab" if append else "wb")
         self.proc = subprocess.Popen(
-            self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()) if _LIBC and _on_main_thread() else None,
         )
         _LIVE.add(self)
         _install_cleanup()
         return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        """Whether the process runs (started and not exited)."""
+        return self.proc is not None and self.proc.poll() is None
 
     def wait_healthy(self, timeout_s: float = 300.0):
         deadline = time.monotonic() + timeout_s
@@ -155,7 +174,7 @@ class ManagedProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.url} exited ({self.proc.returncode}); "
                                    f"log tail:\n{self.log_tail()}")
-            if _http_ok(self.url + "/health"):
+            if http_ok(self.url + "/health"):
                 return self
             time.sleep(0.5)
         raise TimeoutError(f"{self.url} not healthy after {timeout_s}s; "
@@ -200,6 +219,7 @@ class ManagedProcess:
     def _close_log(self):
         if self._log:
             self._log.close()
+            self._log = None
 
     def __enter__(self):
         return self.start().wait_healthy()
@@ -216,7 +236,27 @@ class SGLangServer(ManagedProcess):
         super().__init__(cmd, server_env(spec), log, spec.url, spec.netns)
 
 
-def _http_ok(url: str) -> bool:
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _die_with_parent(parent: int):
+    """A preexec function: the child gets SIGKILL when its parent dies.
+
+    The kernel sends it when the *thread* that forked exits, not the process: from a worker thread (an
+    executor's ends at its shutdown, a thread of its own when its function returns) it would kill a healthy
+    server, so ``start`` asks for it only on the main thread. It survives the ``exec`` of ``ip netns exec``
+    (which execs the command in place, no fork) and of the Python interpreter; SGLang's scheduler and
+    detokenizer carry the same signal towards SGLang's main process."""
+    def preexec() -> None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died between fork and prctl: no signal will ever come
+            os._exit(1)
+    return preexec
+
+
+def http_ok(url: str) -> bool:
+    """Whether a GET of ``url`` answers 200 within 2 s."""
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
             return r.status == 200

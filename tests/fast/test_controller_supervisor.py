@@ -1,7 +1,7 @@
 """The supervisor actuator on real processes: a supervisor (what `prfaas up` keeps) owns stand-in server
 processes; the router drains one, the supervisor restarts it in the other role, the router readmits it —
 under load, no request lost, every action logged and counted. And the supervisor's admin API is closed by
-default."""
+default: signed requests only (tests/fast/test_up_supervisor_auth.py has the details)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from prfaas_sgl.tools.deploy.supervisor import Supervisor
 from prfaas_sgl.router.actuators.base import Split
 from prfaas_sgl.router.actuators.decide import DecideConfig
-from prfaas_sgl.router.actuators.supervisor import SupervisorActuator
+from prfaas_sgl.router.actuators.supervisor import SupervisorActuator, sign
 from prfaas_sgl.router.app import RouterHandle, start_router
 from prfaas_sgl.router.config import RouterConfig, parse_supervisor_urls
 from prfaas_sgl.router.controller_glue import close_loop
@@ -25,7 +25,7 @@ from tests.support.router_standin import build_tiny_tokenizer
 from tests.support.standin_process import StandinProcesses
 
 pytestmark = pytest.mark.timeout(120)
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-of-at-least-32-bytes"
 
 
 @dataclass
@@ -149,19 +149,24 @@ def test_a_failed_start_is_reported_and_the_server_returns_to_its_role(tmp_path)
     asyncio.run(body())
 
 
-def test_the_admin_api_needs_the_token_and_a_tokenless_supervisor_stays_on_loopback(tmp_path):
+def test_the_admin_api_needs_signed_requests_and_a_tokenless_supervisor_stays_on_loopback(tmp_path):
+    def signed(path: str, body: bytes = b"{}") -> dict:
+        return {**sign(TOKEN, "POST", path, body), "Content-Type": "application/json"}
+
     async def body():
         async with rig(tmp_path) as r:
             async with aiohttp.ClientSession() as s:
-                for headers in ({}, {"Authorization": "Bearer wrong"}):
-                    async with s.post(f"{r.supervisor.url}/servers/p0/stop", headers=headers) as resp:
+                for headers in ({}, {"Authorization": f"Bearer {TOKEN}"}, sign("w" * 32, "POST", "/servers/p0/stop", b"")):
+                    async with s.post(f"{r.supervisor.url}/servers/p0/stop", headers=headers, json={}) as resp:
                         assert resp.status == 401
-                ok = {"Authorization": f"Bearer {TOKEN}"}
-                async with s.get(f"{r.supervisor.url}/servers", headers=ok) as resp:
+                async with s.get(f"{r.supervisor.url}/servers", headers=sign(TOKEN, "GET", "/servers", b"")) as resp:
                     assert (await resp.json())["servers"] == ["p0", "p1", "d0"]
-                async with s.post(f"{r.supervisor.url}/servers/p0/start", json={"pool": "prfaas"}, headers=ok) as resp:
+                bad_pool = json.dumps({"pool": "prfaas"}).encode()
+                async with s.post(f"{r.supervisor.url}/servers/p0/start", data=bad_pool,
+                                  headers=signed("/servers/p0/start", bad_pool)) as resp:
                     assert resp.status == 400  # only the local roles
-                async with s.post(f"{r.supervisor.url}/servers/zz/stop", headers=ok) as resp:
+                async with s.post(f"{r.supervisor.url}/servers/zz/stop", data=b"{}",
+                                  headers=signed("/servers/zz/stop")) as resp:
                     assert resp.status == 404
             assert r.servers.events == ["start p0 prefill", "start p1 prefill", "start d0 decode"]  # nothing moved
     asyncio.run(body())

@@ -142,9 +142,44 @@ def test_up_keeps_a_supervisor_of_this_machines_local_servers_secure_by_default(
     assert Stack(dep, "remote-a", tmp_path).supervisor("") is None  # a PrfaaS prefill never switches
     with pytest.raises(ValueError, match="PRFAAS_SUPERVISOR_TOKEN"):
         Stack(dep, "local-b", tmp_path).supervisor("")  # 10.10.0.12 is routable: a token or nothing
-    sup = Stack(dep, "local-b", tmp_path).supervisor("tok")
+    with pytest.raises(ValueError, match="at least 32"):
+        Stack(dep, "local-b", tmp_path).supervisor("tok")
+    sup = Stack(dep, "local-b", tmp_path).supervisor("t" * 32)
     assert sup.names == ["decode-0"] and sup.host == "10.10.0.12"
-    assert Stack(config.parse(_without(tmp_path)), "local-b", tmp_path).supervisor("tok") is None
+    assert Stack(config.parse(_without(tmp_path)), "local-b", tmp_path).supervisor("t" * 32) is None
+
+
+@pytest.mark.parametrize("token, message", [
+    ("", "without a token"),
+    ("short", "at least 32"),
+    (f"http://10.10.0.13:8101={'t' * 32}", "no token for \\['http://10.10.0.12:8101'\\]"),  # another machine's
+])
+def test_up_refuses_a_missing_short_or_other_machines_token_before_starting_anything(tmp_path, monkeypatch, capsys,
+                                                                                      token, message):
+    import re
+
+    from prfaas_sgl.tools.deploy import up
+
+    monkeypatch.setenv("PRFAAS_SUPERVISOR_TOKEN", token)
+    started = []
+    launcher = up.Launcher(server=lambda spec: started.append(spec), model=lambda m: m)
+    assert up.run(config.parse(_with_supervisor(tmp_path)), "local-b", tmp_path, launcher) == 2
+    assert started == [] and re.search(message, capsys.readouterr().out)
+
+
+def test_up_refuses_a_router_without_a_token_for_every_supervisor(tmp_path, monkeypatch, capsys):
+    """The router's machine checks the router's tokens too: it would otherwise fail at its first switch."""
+    from prfaas_sgl.tools.deploy import up
+
+    scenario = next((Path(__file__).resolve().parents[2] / "scenarios").glob("*.toml"))
+    dep = config.parse(_with_supervisor(tmp_path, controller="planner", controller_scenario=str(scenario),
+                                        actuator="supervisor"))
+    mine = "t" * 32  # local-a's own supervisor's token, but none for local-b's and local-c's
+    monkeypatch.setenv("PRFAAS_SUPERVISOR_TOKEN", f"http://10.10.0.11:8101={mine}")
+    started = []
+    launcher = up.Launcher(server=lambda spec: started.append(spec), model=lambda m: m)
+    assert up.run(dep, "local-a", tmp_path, launcher) == 2
+    assert started == [] and "no token for ['http://10.10.0.12:8101', 'http://10.10.0.13:8101']" in capsys.readouterr().out
 
 
 def _without(tmp_path):

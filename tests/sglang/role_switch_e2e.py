@@ -68,13 +68,13 @@ class Recommends:
         return Upd(8192, self.split)
 
 
-TOKEN = "role-switch-e2e-token"
+TOKEN = "role-switch-e2e-token-of-32-bytes-at-least"
 
 
 @pytest.fixture(scope="module")
 def supervisor_url(farm):
     """The farm's servers under a supervisor on its own loop and thread (as `prfaas up` runs it, apart from
-    the router), with a bearer token."""
+    the router), with a token (the actuator signs its requests)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
