@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
-import random
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,17 +22,19 @@ from aiohttp import web
 
 from prfaas_sgl.cachepool.hashing import block_hashes
 
+from .admin import admin_refusal
 from .cluster import Cluster, check_health, health_loop, poll_loads
 from .config import RouterConfig
 from .controller_glue import build_controller
 from .forward import AttemptFailed, Forwarder
+from .intake import Intake
 from .kv_events import KVEventSubscriber
 from .metrics import RouterMetrics
 from .policy import NoInstanceError
 from .prefix_index import ExactIndex
 from .requests import ApiError, Limits, ParsedRequest, decode_json, parse_raw, read_body
 from .routing import Routed, RoutingCore
-from .tokenize import PromptTokenizer
+from .tokenize import PromptTokenizer, id_limit
 
 log = logging.getLogger(__name__)
 
@@ -42,23 +42,28 @@ BIG_BODY = 16 * 1024  # bytes; larger bodies are parsed and tokenized off the ev
 # Big parses at once. Tokenizing releases the GIL but json.loads and template rendering keep it: the cap bounds
 # how long the loop can wait for the GIL, and the memory of decoded bodies and encodings.
 BIG_PARSES = 2
+ADMIN_BODY_LIMIT = 64 * 1024  # bytes; a routing change is a few keys
 
 
 def error_response(e: ApiError) -> web.Response:
-    return web.json_response(e.body(), status=e.status)
+    resp = web.json_response(e.body(), status=e.status, headers=e.headers)
+    if e.headers.get("Connection") == "close":  # a body that never arrived: its connection cannot be reused
+        resp.force_close()
+    return resp
 
 
 class Router:
     """All state of one router; its handlers are bound methods."""
 
-    def __init__(self, cfg: RouterConfig, controller: Any = None, seed: int | None = None) -> None:
+    def __init__(self, cfg: RouterConfig, controller: Any = None) -> None:
         self.cfg = cfg
         self.tokenizer = PromptTokenizer(cfg.tokenizer_path)
         self.cluster = Cluster(cfg)
         self.metrics = RouterMetrics()
         self.core = RoutingCore(cfg, self.cluster, self.metrics, controller)
-        self.rng = random.Random(seed)
-        self.limits = Limits(cfg.context_length, cfg.context_length * cfg.max_chars_per_token)
+        vocab = id_limit(self.tokenizer, cfg.model_path, cfg.tokenizer_path)
+        self.limits = Limits(cfg.context_length, cfg.context_length * cfg.max_chars_per_token, vocab)
+        self.intake = Intake(cfg.max_concurrent_requests, cfg.body_budget, cfg.body_timeout_s)
         self.big_parses = asyncio.Semaphore(BIG_PARSES)
         self.tasks: list[asyncio.Task] = []
         self.subscribers: list[KVEventSubscriber] = []
@@ -67,7 +72,7 @@ class Router:
         # One pooled client session for the process lifetime (no per-request sessions).
         conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
         self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False)
-        self.forwarder = Forwarder(self.cluster, self.session, self.rng, self.metrics)
+        self.forwarder = Forwarder(self.cluster, self.session, self.metrics)
         self.zmq_ctx = zmq.asyncio.Context()
         for inst in self.cluster.instances.values():
             if inst.spec.kv_events and isinstance(inst.index, ExactIndex):
@@ -104,7 +109,10 @@ class Router:
     # ------------------------------------------------------------ generation endpoints
 
     async def _parse(self, request: web.Request, endpoint: str) -> ParsedRequest:
-        raw = await read_body(request, self.cfg.body_limit)
+        async with self.intake.body(request, self.cfg.body_limit) as raw:  # its bytes count until parsed
+            return await self._parse_raw(endpoint, raw)
+
+    async def _parse_raw(self, endpoint: str, raw: bytes) -> ParsedRequest:
         args = (endpoint, raw, self.tokenizer, self.cfg.model_name, self.limits)
         if len(raw) <= BIG_BODY:
             return parse_raw(*args)
@@ -121,14 +129,8 @@ class Router:
         t0 = time.perf_counter()
         endpoint = request.match_info.route.resource.canonical
         try:
-            req = await self._parse(request, endpoint)
-            hashes = block_hashes(req.tokens, self.cfg.block_size)
-            try:
-                routed = await self.core.route_paced(len(req.tokens), hashes)  # the paced policy may hold it
-            except NoInstanceError as e:
-                raise ApiError(503, str(e), "server_error", "no_healthy_instance") from e
-            self.metrics.overhead.observe(time.perf_counter() - t0)
-            return await self._serve(request, req, hashes, routed, t0)
+            with self.intake.admit():
+                return await self._generate(request, endpoint, t0)
         except ApiError as e:
             self.metrics.errors.labels(e.code).inc()
             return error_response(e)
@@ -136,6 +138,16 @@ class Router:
             log.exception("request to %s failed inside the router", endpoint)
             self.metrics.errors.labels("internal_error").inc()
             return error_response(ApiError(500, "internal router error", "server_error", "internal_error"))
+
+    async def _generate(self, request: web.Request, endpoint: str, t0: float) -> web.StreamResponse:
+        req = await self._parse(request, endpoint)
+        hashes = block_hashes(req.tokens, self.cfg.block_size)
+        try:
+            routed = await self.core.route_paced(len(req.tokens), hashes)  # the paced policy may hold it
+        except NoInstanceError as e:
+            raise ApiError(503, str(e), "server_error", "no_healthy_instance") from e
+        self.metrics.overhead.observe(time.perf_counter() - t0)
+        return await self._serve(request, req, hashes, routed, t0)
 
     async def _serve(self, request: web.Request, req: ParsedRequest, hashes: list[int],
                      routed: Routed, t0: float) -> web.StreamResponse:
@@ -169,31 +181,16 @@ class Router:
         body = self.metrics.render(self.cluster, self.core.policy.threshold, self.core.params.budget_s)
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
-    def _admin_refusal(self, request: web.Request) -> web.Response | None:
-        """None when ``request`` may use /admin/*: it carries the admin token, or no token is configured and the
-        router listens on loopback only."""
-        if self.cfg.admin_open:
-            return None
-        if not self.cfg.admin_token:
-            return error_response(ApiError(403, "/admin/* is disabled on a non-loopback listener without an admin "
-                                           "token: start the router with --admin-token or PRFAAS_ROUTER_ADMIN_TOKEN",
-                                           "permission_error", "admin_disabled"))
-        scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(sent.strip().encode(), self.cfg.admin_token.encode()):
-            return None
-        return error_response(ApiError(401, "/admin/* needs 'Authorization: Bearer <admin token>'",
-                                       "authentication_error", "invalid_admin_token"))
-
     async def admin_get(self, request: web.Request) -> web.Response:
-        refusal = self._admin_refusal(request)
-        return web.json_response(self.core.routing_state()) if refusal is None else refusal
+        refusal = admin_refusal(self.cfg, request)
+        return web.json_response(self.core.routing_state()) if refusal is None else error_response(refusal)
 
     async def admin_post(self, request: web.Request) -> web.Response:
-        refusal = self._admin_refusal(request)
+        refusal = admin_refusal(self.cfg, request)
         if refusal is not None:
-            return refusal
+            return error_response(refusal)
         try:
-            changes = decode_json(await read_body(request, self.cfg.body_limit))
+            changes = decode_json(await read_body(request, ADMIN_BODY_LIMIT))
             if not isinstance(changes, dict):
                 raise ValueError("body must be a JSON object")
             return web.json_response(self.core.set_routing(changes, why=f"admin {request.remote}"))
@@ -227,8 +224,10 @@ class RouterHandle:
 
 async def start_router(cfg: RouterConfig, controller: Any = None, seed: int | None = None) -> RouterHandle:
     """Start a router on the running loop; returns once it accepts connections, its servers probed once (those
-    that answered /health are in rotation, the others join at their first passing probe)."""
-    router = Router(cfg, controller if controller is not None else build_controller(cfg), seed)
+    that answered /health are in rotation, the others join at their first passing probe).
+
+    ``seed`` seeds nothing any more (room ids come from the OS's CSPRNG); it stays for existing callers."""
+    router = Router(cfg, controller if controller is not None else build_controller(cfg))
     await router.start()
     # handler_cancellation: a client that leaves cancels its handler, and so its attempt; the servers see the
     # connection close and abort the request (aiohttp >= 3.9 otherwise runs the handler to completion).

@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 
 import aiohttp
 
+from .breaker import Breaker
 from .config import InstanceSpec, RouterConfig
 from .link_stats import CounterRates, Sample, combine_samples, count, link_sample, short
 from .policy import InstanceView, LinkView, Pool, RouteInput
@@ -38,6 +39,7 @@ class Instance:
     server_reqs: int = 0  # /v1/loads: running + waiting requests
     inflight: int = 0  # requests this router has open there
     inflight_tokens: int = 0  # uncached tokens of those requests
+    breaker: Breaker = field(default_factory=Breaker)  # transfers failing through this prefill (router/breaker.py)
 
     @property
     def name(self) -> str:
@@ -48,12 +50,13 @@ class Instance:
         host = urlparse(self.spec.url).hostname or "127.0.0.1"
         return f"[{host}]" if ":" in host else host
 
-    def view(self, cached_prefix: int) -> InstanceView:
+    def view(self, cached_prefix: int, now: float | None = None) -> InstanceView:
         # The server's count already includes what we sent once it arrived; max() avoids double counting
         # while still seeing load other routers put there.
         queued = max(self.server_queued_tokens, self.inflight_tokens)
-        return InstanceView(self.name, self.pool, self.healthy and not self.draining, queued,
-                            max(self.inflight, self.server_reqs), cached_prefix)
+        now = time.monotonic() if now is None else now
+        serves = self.healthy and not self.draining and self.breaker.allows(now)
+        return InstanceView(self.name, self.pool, serves, queued, max(self.inflight, self.server_reqs), cached_prefix)
 
 
 @dataclass(slots=True)
@@ -149,11 +152,14 @@ class Cluster:
         for pool in ("prfaas", "local_prefill", "decode"):
             for spec in getattr(self.cfg, pool):
                 index = ExactIndex(self.cfg.block_size) if spec.kv_events else ApproxIndex(cap_blocks)
-                self.instances[spec.name] = Instance(spec, pool, index)
+                self.instances[spec.name] = Instance(spec, pool, index, breaker=self.new_breaker())
+
+    def new_breaker(self) -> Breaker:
+        return Breaker(self.cfg.breaker_failures, self.cfg.breaker_cooldown_s)
 
     def route_input(self, prompt_len: int, hashes: Sequence[int], now: float) -> RouteInput:
         b = self.cfg.block_size
-        views = tuple(i.view(i.index.match(hashes) * b) for i in self.instances.values())
+        views = tuple(i.view(i.index.match(hashes) * b, now) for i in self.instances.values())
         return RouteInput(prompt_len, views, self.link.view(now), now, self.cfg.decode_affinity_slack)
 
     def pool(self, pool: Pool) -> list[Instance]:
@@ -196,6 +202,7 @@ class Cluster:
         inst.spec, inst.pool = dataclasses.replace(spec, name=name), pool
         inst.server_queued_tokens = inst.server_reqs = inst.failed_probes = 0
         inst.healthy, inst.draining = True, False
+        inst.breaker.reset()
         log.warning("instance %s (%s) admitted into %s", name, spec.url, pool)
 
 

@@ -62,6 +62,7 @@ SUPERVISOR_TOKEN_ENV = "PRFAAS_SUPERVISOR_TOKEN"  # the same value on the router
 ACTUATORS = ("none", "supervisor")
 BODY_BYTES_PER_TOKEN = 16  # generous JSON bytes per context token: \uXXXX escapes, token-id lists
 BODY_SLACK = 1 << 20  # bytes on top: field names, sampling params, tool definitions
+BODIES_IN_FLIGHT = 32  # default body budget, in largest bodies: 48 MiB at the default 32K context
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +105,17 @@ class RouterConfig:
     connect_timeout_s: float = _f(3.0, "TCP connect timeout to servers (s)")
     prefill_timeout_s: float = _f(300.0, "max seconds for a prefill server to answer")
     request_timeout_s: float = _f(600.0, "max seconds for a whole request")
+    max_concurrent_requests: int = _f(2048, "generation requests the router handles at once; more get HTTP 503 "
+                                      "with Retry-After")
+    max_body_bytes_in_flight: int = _f(0, "request body bytes being read and parsed at once; a request waits for "
+                                       "room (within --body-timeout-s), then gets HTTP 503 (0 = "
+                                       f"{BODIES_IN_FLIGHT} x the largest body)")
+    body_timeout_s: float = _f(60.0, "seconds for a request body to arrive (and wait for room); HTTP 408 after")
+    breaker_failures: int = _f(5, "consecutive failed attempts through one server (its prefill's KV never reached "
+                               "decode, or its decode answered 5xx) before it leaves rotation for "
+                               "--breaker-cooldown-s (0 = never)")
+    breaker_cooldown_s: float = _f(30.0, "seconds a server stays out after its breaker opens; then one trial "
+                                   "request decides whether it serves again")
     controller: str = _f("none", "long-term controller: none or planner (router/controller.py)")
     controller_interval_s: float = _f(60.0, "seconds between controller updates")
     controller_scenario: str = _f("", "planner scenario TOML describing the deployment (--controller planner)")
@@ -147,11 +159,14 @@ class RouterConfig:
         self._check_actuator()
         for name in ("block_size", "context_length", "max_chars_per_token", "prefix_capacity_tokens", "kv_bytes_per_token",
                      "link_gbps", "loads_interval_s", "health_interval_s", "connect_timeout_s",
-                     "prefill_timeout_s", "request_timeout_s", "controller_interval_s"):
+                     "prefill_timeout_s", "request_timeout_s", "controller_interval_s", "max_concurrent_requests",
+                     "body_timeout_s", "breaker_cooldown_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0")
-        if self.max_body_bytes < 0:
-            raise ValueError("--max-body-bytes must be >= 0 (0 = derived from --context-length)")
+        if self.max_body_bytes < 0 or self.max_body_bytes_in_flight < 0:
+            raise ValueError("--max-body-bytes and --max-body-bytes-in-flight must be >= 0 (0 = derived)")
+        if self.breaker_failures < 0:
+            raise ValueError("--breaker-failures must be >= 0 (0 = the breaker never opens)")
         if self.decode_affinity_slack < -1:
             raise ValueError("--decode-affinity-slack must be >= 0 requests, or -1 (off)")
         for name in ("local_prefill_coef", "remote_prefill_coef"):
@@ -192,6 +207,11 @@ class RouterConfig:
     def body_limit(self) -> int:
         """Largest request body in bytes (``--max-body-bytes``, or derived from the context length)."""
         return self.max_body_bytes or self.context_length * BODY_BYTES_PER_TOKEN + BODY_SLACK
+
+    @property
+    def body_budget(self) -> int:
+        """Bytes of request bodies read and parsed at once (``--max-body-bytes-in-flight``, or derived)."""
+        return self.max_body_bytes_in_flight or BODIES_IN_FLIGHT * self.body_limit
 
     @property
     def admin_open(self) -> bool:

@@ -3,10 +3,12 @@
 The body gets ``bootstrap_host`` (prefill host), ``bootstrap_port`` (prefill's bootstrap server) and a fresh
 ``bootstrap_room`` (random 63-bit int), as sglang_router's mini_lb does, plus a fresh ``rid`` per attempt:
 SGLang aborts by rid prefix and refuses duplicate rids, so ids must be unique and never chosen by a client.
+Both come from the OS's CSPRNG: a room id travels in plaintext to both servers, and whoever predicts one
+(Mersenne Twister outputs are predictable after 624 of them) can abort or fail that room.
 The decode answer is relayed; the prefill answer is awaited so its failure is seen. Nothing reaches the
 client before decode produced its first bytes, so an attempt that fails before that can be retried (once,
 locally) invisibly. A 4xx from either server is the request's fault: it is relayed as it is, not retried,
-and the server stays in rotation.
+and the server stays in rotation. Each attempt's outcome feeds its servers' circuit breakers (router/breaker.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import random
+import secrets
 import time
 import uuid
 from dataclasses import dataclass
@@ -35,7 +37,16 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 class AttemptFailed(Exception):
-    """The attempt failed before any byte reached the client; safe to retry."""
+    """The attempt failed before any byte reached the client; safe to retry. ``blame``: the roles ("prefill",
+    "decode") whose breakers count it: a failed prefill answer is the prefill's; a decode that answered 5xx or
+    an error event did not get its KV (the transfer failed), which counts against both."""
+
+    def __init__(self, message: str, blame: frozenset[str] = frozenset()) -> None:
+        super().__init__(message)
+        self.blame = blame
+
+
+BOTH = frozenset({"prefill", "decode"})
 
 
 class Rejected(Exception):
@@ -64,10 +75,9 @@ class DecodeHead:
     first: bytes  # whole body (non-stream) or first chunk (stream)
 
 
-def pd_body(body: dict, prefill: Instance, rng: random.Random) -> bytes:
-    # uuid4 draws from os.urandom, not ``rng``: routers seeded alike must not share rids on the same servers.
+def pd_body(body: dict, prefill: Instance) -> bytes:
     out = dict(body, rid=uuid.uuid4().hex, bootstrap_host=prefill.host, bootstrap_port=prefill.spec.bootstrap_port,
-               bootstrap_room=rng.getrandbits(63))
+               bootstrap_room=secrets.randbits(63))
     return json.dumps(out, separators=(",", ":")).encode()
 
 
@@ -88,9 +98,8 @@ def _stream_failed(chunk: bytes) -> bool:
 
 
 class Forwarder:
-    def __init__(self, cluster: Cluster, session: aiohttp.ClientSession, rng: random.Random,
-                 metrics: RouterMetrics | None = None) -> None:
-        self.cluster, self.session, self.rng, self.metrics = cluster, session, rng, metrics
+    def __init__(self, cluster: Cluster, session: aiohttp.ClientSession, metrics: RouterMetrics | None = None) -> None:
+        self.cluster, self.session, self.metrics = cluster, session, metrics
         self.cfg = cluster.cfg
         self.background: set[asyncio.Task] = set()
 
@@ -130,21 +139,21 @@ class Forwarder:
             done, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()),
                                                return_when=asyncio.FIRST_COMPLETED)
             if not done:
-                raise AttemptFailed(f"no answer from decode {d.decode} within {self.cfg.request_timeout_s}s")
+                raise AttemptFailed(f"no answer from decode {d.decode} within {self.cfg.request_timeout_s}s", BOTH)
             outcome = pre.result() if pre in done else None
             if isinstance(outcome, Rejected):
                 raise outcome
             if outcome is not None:
                 mark_unhealthy(self.cluster.instances[d.prefill], outcome)
-                raise AttemptFailed(outcome)
+                raise AttemptFailed(outcome, frozenset({"prefill"}))
         try:
             head = dec.result()
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             mark_unhealthy(self.cluster.instances[d.decode], f"{type(e).__name__} {e}")
-            raise AttemptFailed(f"decode {d.decode}: {type(e).__name__} {e}") from e
+            raise AttemptFailed(f"decode {d.decode}: {type(e).__name__} {e}", frozenset({"decode"})) from e
         if head.resp.status >= 500 or (head.resp.status == 200 and _stream_failed(head.first)):
             head.resp.release()
-            raise AttemptFailed(f"decode {d.decode} HTTP {head.resp.status}: {head.first[:200]!r}")
+            raise AttemptFailed(f"decode {d.decode} HTTP {head.resp.status}: {head.first[:200]!r}", BOTH)
         return head
 
     def _reap(self, task: asyncio.Task, d: Decision) -> None:
@@ -165,21 +174,29 @@ class Forwarder:
         arrival (time.perf_counter()), for the TTFT histogram by route.
         """
         pre_i, dec_i = self.cluster.instances[d.prefill], self.cluster.instances[d.decode]
-        data = pd_body(req.body, pre_i, self.rng)
+        data = pd_body(req.body, pre_i)
         link = self.cluster.link
         tid = link.add(kv.nbytes, kv.start_at) if kv.nbytes > 0 else 0
         pre_i.inflight += 1
         pre_i.inflight_tokens += d.incremental_len
         dec_i.inflight += 1
+        now = time.monotonic()
+        pre_i.breaker.start(now)
+        dec_i.breaker.start(now)
+        verdict: dict[str, bool] = {}  # role -> whether the attempt went through it; none: no verdict
         pre = asyncio.create_task(self._prefill(pre_i, req.endpoint, data))
         pre.add_done_callback(lambda _t: _release_prefill(pre_i, d.incremental_len))
         dec = asyncio.create_task(self._decode_head(dec_i, req.endpoint, data, req.stream))
         try:
             try:
                 head = await self._wait_decode(d, pre, dec)
+            except AttemptFailed as e:
+                verdict.update(dict.fromkeys(e.blame, False))
+                raise
             finally:
                 link.done(tid)  # decode has its KV (or the attempt is over)
             if head.resp.status == 200:
+                verdict.update(prefill=True, decode=True)
                 self._reap(pre, d)
                 if self.metrics is not None and t0 is not None:
                     self.metrics.ttft.labels(d.route).observe(time.perf_counter() - t0)
@@ -194,6 +211,23 @@ class Forwarder:
             raise
         finally:
             dec_i.inflight -= 1
+            self._judge(pre_i, verdict.get("prefill"))
+            self._judge(dec_i, verdict.get("decode"))
+
+    def _judge(self, inst: Instance, ok: bool | None) -> None:
+        """Feed one attempt's outcome at ``inst`` to its breaker (None: the attempt says nothing about it)."""
+        b, now = inst.breaker, time.monotonic()
+        if ok is None:
+            b.no_verdict()
+        elif ok:
+            if b.state(now) != "closed":
+                log.warning("instance %s serves again: a trial request succeeded (breaker closed)", inst.name)
+            b.succeeded()
+        elif b.failed(now):
+            log.warning("instance %s leaves rotation for %.0f s: %d attempts in a row failed through it (breaker "
+                        "open)", inst.name, b.cooldown_s, b.failures)
+            if self.metrics is not None:
+                self.metrics.breaker_opened.labels(inst.name).inc()
 
     async def _relay(self, head: DecodeHead, req: ParsedRequest, request: web.Request,
                      extra: dict[str, str]) -> web.StreamResponse:

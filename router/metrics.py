@@ -54,6 +54,10 @@ class RouterMetrics:
                               buckets=(.05, .1, .25, .5, 1, 2, 5, 10, 20, 30, 60, 120))
         self.overhead = Histogram(P + "overhead_seconds", "request arrival to forward (parse, tokenize, route)",
                                   buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2), registry=r)
+        self.breaker_opened = Counter(P + "breaker_opened", "times an instance's circuit breaker opened: attempts "
+                                      "failed through it --breaker-failures times in a row", ["instance"], registry=r)
+        self.breaker_open = Gauge(P + "breaker_open", "1 while an instance's breaker keeps it out of rotation "
+                                  "(open, or half-open waiting for a trial's verdict)", ["instance"], registry=r)
         self.window: deque[bool] = deque(maxlen=window)
         self.remote_in_window = 0
 
@@ -73,6 +77,9 @@ class RouterMetrics:
             self.queued.labels(pool).set(sum(max(i.server_queued_tokens, i.inflight_tokens) for i in insts))
             self.inflight.labels(pool).set(sum(i.inflight for i in insts))
             self.healthy.labels(pool).set(sum(i.healthy for i in insts))
+        now = time.monotonic()
+        for inst in cluster.instances.values():
+            self.breaker_open.labels(inst.name).set(inst.breaker.state(now) != "closed")
         link = cluster.link
         view = link.view(time.monotonic())
         self.link_bytes.set(view.bytes_in_flight)

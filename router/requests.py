@@ -3,43 +3,16 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from aiohttp import web
 
+from .errors import ApiError, bad as _bad
+from .fields import check_fields, token_ids
 from .tokenize import RESERVED_TEMPLATE_KWARGS, PromptTokenizer, TemplateError
 
-# Fields of SGLang 0.5.23's GenerateReqInput / OpenAI request classes that belong to the router or to SGLang
-# itself, so they never pass from a client:
-# - ``rid``: SGLang aborts by rid *prefix*, so a client's rid "a" would abort every request whose id starts
-#   with "a", and a reused rid is refused as a duplicate; the forwarder sets a fresh one per attempt.
-# - PD pairing (``bootstrap_*``, ``decode_tp_size``) and data-parallel / KV placement (``*_dp_rank``,
-#   ``data_parallel_rank``, ``kv_hints``): the router pairs prefill and decode; a client's choice would
-#   misplace its KV or steer other requests' placement.
-# - Sessions (``session_id``, ``session_params``): a session lives on one server, which per-request routing
-#   does not honour, and a guessed id would reach another client's session.
-# - Tokenizer-manager and encoder plumbing (``http_worker_ipc``, ``lora_id``, ``received_time``,
-#   ``encoder_urls``, ``num_items_assigned``, ``need_wait_for_mm_inputs``): set by SGLang, never by a client
-#   (``encoder_urls`` would make the server POST to any address).
-INTERNAL_FIELDS = frozenset({
-    "rid", "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
-    "routed_dp_rank", "data_parallel_rank", "disagg_prefill_dp_rank", "kv_hints", "kv_router_hint",
-    "session_id", "session_params", "http_worker_ipc", "lora_id", "received_time", "encoder_urls",
-    "num_items_assigned", "need_wait_for_mm_inputs",
-})
-
-
-class ApiError(Exception):
-    """An error returned to the client as ``{"error": {"message", "type", "code"}}``."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str = "") -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.code = status, message, type_, code or type_
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "code": self.code}}
+__all__ = ["ApiError", "Limits", "ParsedRequest", "decode_json", "parse_raw", "parse_request", "read_body", "too_large"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,22 +21,19 @@ class Limits:
 
     context_length: int  # prompt + output tokens
     max_chars: int  # prompt characters checked before tokenizing (context_length x max_chars_per_token)
+    vocab_size: int  # token ids a prompt may hold: [0, vocab_size) (``PromptTokenizer.vocab_size``)
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedRequest:
     endpoint: str  # path on the servers, e.g. "/v1/chat/completions"
-    body: dict[str, Any]  # client body minus INTERNAL_FIELDS; forwarded unchanged otherwise
+    body: dict[str, Any]  # the client's body (only fields of router/fields.py's allow-lists), forwarded unchanged
     stream: bool
     tokens: list[int]
     max_tokens: int
 
 
-def _bad(message: str, code: str = "invalid_request_error") -> ApiError:
-    return ApiError(400, message, "invalid_request_error", code)
-
-
-def _too_large(limit: int) -> ApiError:
+def too_large(limit: int) -> ApiError:
     return ApiError(413, f"request body exceeds {limit} bytes (the router's --max-body-bytes, by default derived "
                     "from --context-length)", "invalid_request_error", "request_too_large")
 
@@ -72,11 +42,11 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     """The raw body; refused unread when Content-Length exceeds ``limit``, or once ``limit`` bytes of a chunked
     body arrived (the app's ``client_max_size`` is ``limit``)."""
     if request.content_length is not None and request.content_length > limit:
-        raise _too_large(limit)
+        raise too_large(limit)
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge as e:
-        raise _too_large(limit) from e
+        raise too_large(limit) from e
 
 
 def decode_json(raw: bytes) -> Any:
@@ -114,32 +84,10 @@ def _max_tokens(value: Any, name: str, default: int) -> int:
     return value
 
 
-# The cheap part of SGLang's SamplingParams.verify, answered here so a bad request never reaches a server.
-SAMPLING_RULES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
-    ("temperature", lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
-    ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("top_k", lambda v: v == -1 or v >= 1, "-1 (all) or >= 1"),
-    ("min_p", lambda v: 0 <= v <= 1, "in [0, 1]"),
-    ("frequency_penalty", lambda v: -2 <= v <= 2, "in [-2, 2]"),
-    ("presence_penalty", lambda v: -2 <= v <= 2, "in [-2, 2]"),
-    ("repetition_penalty", lambda v: 0 < v <= 2, "in (0, 2]"),
-)
-
-
-def _check_sampling(params: dict[str, Any], prefix: str) -> None:
-    for name, ok, want in SAMPLING_RULES:
-        value = params.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _bad(f"'{prefix}{name}' must be a number", "invalid_type")
-        if not ok(value):
-            raise _bad(f"'{prefix}{name}' must be {want}, got {value}", "invalid_value")
-
-
-def _token_list(value: Any, name: str) -> list[int]:
-    if not isinstance(value, list) or not value or not all(isinstance(t, int) and t >= 0 for t in value):
+def _token_list(value: Any, name: str, vocab: int) -> list[int]:
+    if not isinstance(value, list) or not value or isinstance(value[0], (list, str)):
         raise _bad(f"'{name}' must be a string or a non-empty list of token ids (batches are not supported)")
+    token_ids(value, name, vocab)
     return value
 
 
@@ -193,26 +141,31 @@ def _tokens_for(endpoint: str, body: dict[str, Any], tok: PromptTokenizer, limit
     key = "prompt" if endpoint == "/v1/completions" else "text"
     value = body.get(key)
     if endpoint == "/generate" and value is None:
-        return _token_list(body.get("input_ids"), "input_ids")
+        return _token_list(body.get("input_ids"), "input_ids", limits.vocab_size)
     if isinstance(value, str):
         return tok.encode_text(_check_chars(value, f"'{key}'", limits))
     if value is None:
         raise _bad(f"missing required field '{key}'", "missing_field")
-    return _token_list(value, key)
+    if endpoint == "/generate":  # SGLang reads a list here as a batch of strings
+        raise _bad("'text' must be a string (token ids go in 'input_ids'; batches are not supported)", "invalid_type")
+    return _token_list(value, key, limits.vocab_size)
 
 
 def _output_budget(endpoint: str, body: dict[str, Any]) -> int:
-    """max tokens to generate (0: chat without a limit); also checks the sampling parameters."""
+    """max tokens to generate (0: chat without a limit). The sampling fields' own checks ran in ``check_fields``."""
     if endpoint == "/generate":
         sp = body.get("sampling_params") or {}
-        if not isinstance(sp, dict):
-            raise _bad("'sampling_params' must be an object")
-        _check_sampling(sp, "sampling_params.")
-        return _max_tokens(sp.get("max_new_tokens"), "sampling_params.max_new_tokens", 128)
-    _check_sampling(body, "")
-    if endpoint == "/v1/chat/completions":
-        return _max_tokens(body.get("max_completion_tokens", body.get("max_tokens")), "max_tokens", 0)
-    return _max_tokens(body.get("max_tokens"), "max_tokens", 16)
+        budget = _max_tokens(sp.get("max_new_tokens"), "sampling_params.max_new_tokens", 128)
+        least, least_name = sp.get("min_new_tokens"), "sampling_params.min_new_tokens"
+    elif endpoint == "/v1/chat/completions":
+        budget = _max_tokens(body.get("max_completion_tokens", body.get("max_tokens")), "max_tokens", 0)
+        least, least_name = body.get("min_tokens"), "min_tokens"
+    else:
+        budget = _max_tokens(body.get("max_tokens"), "max_tokens", 16)
+        least, least_name = body.get("min_tokens"), "min_tokens"
+    if budget and least is not None and least > budget:
+        raise _bad(f"'{least_name}' = {least} is more than the {budget} tokens asked for", "invalid_value")
+    return budget
 
 
 def parse_request(endpoint: str, body: Any, tok: PromptTokenizer, model_name: str, limits: Limits) -> ParsedRequest:
@@ -220,6 +173,7 @@ def parse_request(endpoint: str, body: Any, tok: PromptTokenizer, model_name: st
     if not isinstance(body, dict):
         raise _bad("request body must be a JSON object")
     _check_model(body, model_name, required=endpoint != "/generate")
+    check_fields(endpoint, body, limits.vocab_size)
     max_tokens = _output_budget(endpoint, body)
     tokens = _tokens_for(endpoint, body, tok, limits)
     budget = max_tokens or 1  # chat without max_tokens: the server fills the rest of the context
@@ -230,8 +184,7 @@ def parse_request(endpoint: str, body: Any, tok: PromptTokenizer, model_name: st
     stream = False if stream is None else stream
     if not isinstance(stream, bool):
         raise _bad("'stream' must be true or false", "invalid_type")
-    clean = {k: v for k, v in body.items() if k not in INTERNAL_FIELDS}
-    return ParsedRequest(endpoint, clean, stream, tokens, max_tokens)
+    return ParsedRequest(endpoint, body, stream, tokens, max_tokens)
 
 
 def parse_raw(endpoint: str, raw: bytes, tok: PromptTokenizer, model_name: str, limits: Limits) -> ParsedRequest:

@@ -17,13 +17,16 @@ from typing import Any
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from prfaas_sgl.srt.request_guard import TEMPLATE_CALL_ARGS
+
 
 class TemplateError(ValueError):
     """The chat template rejected the messages (maps to HTTP 400)."""
 
 
-# Names the router passes to the template itself; a client's chat_template_kwargs must not override them.
-RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})
+# Names a client's chat_template_kwargs must not set: those the router passes to the template itself, and the
+# parameters of the `apply_chat_template` call SGLang makes (the same name from a client was a TypeError there).
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"}) | TEMPLATE_CALL_ARGS
 
 
 def _token_text(tok: Any) -> str:
@@ -56,6 +59,11 @@ class PromptTokenizer:
         env.globals["raise_exception"] = _raise
         self.template = env.from_string(template) if template else None
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids this tokenizer can produce, its added (special) tokens included."""
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         """Token ids of ``text``; releases the GIL while the tokenizer runs (see the module docstring)."""
         return self.tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
@@ -73,3 +81,26 @@ class PromptTokenizer:
             raise
         except Exception as e:  # the template runs on client data: any failure is the request's (TypeError, ...)
             raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from e
+
+
+def embedding_rows(model_dir: str) -> int | None:
+    """Rows of the token embedding of the model in ``model_dir`` (config.json ``vocab_size``; a multimodal
+    config nests it under ``text_config``), or None where there is no readable config."""
+    path = Path(model_dir) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+        rows = cfg.get("vocab_size") or cfg["text_config"]["vocab_size"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return rows if type(rows) is int and rows > 0 else None
+
+
+def id_limit(tok: PromptTokenizer, *model_dirs: str) -> int:
+    """Prompt ids must lie in [0, limit). The limit is the embedding's rows, which SGLang indexes with them
+    (often padded past the tokenizer: 512 rows for the tiny models' 442 tokens), from the first of
+    ``model_dirs`` with a config; without one, the tokenizer's size with its added tokens."""
+    for d in filter(None, model_dirs):
+        rows = embedding_rows(d)
+        if rows is not None:
+            return rows
+    return tok.vocab_size

@@ -46,20 +46,23 @@ async def until(cond, timeout: float = 10.0) -> bool:
 # ---------------------------------------------------------------- H2: the router owns rid
 
 
-def test_client_rid_and_internal_fields_never_reach_servers(tmp_path):
-    """H2: SGLang aborts by rid prefix; a client rid "a" would abort others' requests. Each attempt gets its own."""
+def test_client_rid_and_internal_fields_are_refused_and_each_attempt_gets_its_own_rid(tmp_path):
+    """H2: SGLang aborts by rid prefix; a client rid "a" would abort others' requests. The router's own fields are
+    refused by name (they used to be dropped silently); each attempt gets a fresh rid."""
     async def body():
         async with rig(tmp_path) as r:
-            req = {"model": "tiny", "prompt": LONG, "max_tokens": 4, "rid": "a", "bootstrap_room": 5,
-                   "bootstrap_host": "10.6.6.6", "bootstrap_pair_key": "k", "http_worker_ipc": "ipc:///tmp/x",
-                   "data_parallel_rank": 3, "routed_dp_rank": 3, "disagg_prefill_dp_rank": 1,
-                   "session_params": {"id": "s"}, "encoder_urls": ["http://10.6.6.6"]}
+            req = {"model": "tiny", "prompt": LONG, "max_tokens": 4}
+            internal = {"rid": "a", "bootstrap_room": 5, "bootstrap_host": "10.6.6.6", "bootstrap_pair_key": "k",
+                        "http_worker_ipc": "ipc:///tmp/x", "data_parallel_rank": 3, "routed_dp_rank": 3,
+                        "disagg_prefill_dp_rank": 1, "session_params": {"id": "s"}, "encoder_urls": ["http://x"]}
+            for name, value in internal.items():
+                status, out = await r.post("/v1/completions", {**req, name: value})
+                assert (status, out["error"]["code"]) == (400, "unsupported_field") and name in out["error"]["message"]
+            assert r.remote.received == r.local.received == r.decode.received == []
             assert (await r.post("/v1/completions", req))[0] == 200
             pre, dec = r.remote.received[0], r.decode.received[0]
             assert pre == dec and re.fullmatch("[0-9a-f]{32}", pre["rid"])
-            assert pre["bootstrap_host"] == "127.0.0.1" and pre["bootstrap_room"] != 5
-            assert not {"bootstrap_pair_key", "http_worker_ipc", "data_parallel_rank", "routed_dp_rank",
-                        "disagg_prefill_dp_rank", "session_params", "encoder_urls"} & pre.keys()
+            assert pre["bootstrap_host"] == "127.0.0.1"
             r.remote.fail = "http500"  # the local retry is a new attempt: a new rid (SGLang refuses duplicates)
             assert (await r.post("/v1/completions", req))[0] == 200
             first, retry = r.decode.received[1], r.decode.received[2]
@@ -340,7 +343,7 @@ def test_template_runtime_error_is_a_400(tmp_path):
     tok = PromptTokenizer(path)
     body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
     with pytest.raises(ApiError) as e:
-        parse_request("/v1/chat/completions", body, tok, "tiny", Limits(2048, 32768))
+        parse_request("/v1/chat/completions", body, tok, "tiny", Limits(2048, 32768, tok.vocab_size))
     assert (e.value.status, e.value.code) == (400, "invalid_messages") and "TypeError" in e.value.message
 
 

@@ -189,17 +189,18 @@ def open_stream(url: str, body: dict) -> tuple[http.client.HTTPConnection, Itera
 
 
 def test_client_rid_cannot_abort_another_clients_request(router, model_paths):
-    """H2: SGLang aborts by rid *prefix*. With client rids forwarded, A ("a") leaving aborted B ("abc")."""
+    """H2: SGLang aborts by rid *prefix*. With client rids forwarded, A ("a") leaving aborted B ("abc"). The router
+    now refuses a client's rid (the catalog's "field rid" case) and gives each attempt its own: A leaving aborts A."""
     path = model_paths["hybrid"]
     out = 600  # B still decodes when A leaves
 
-    def body(rid: str, seed: int) -> dict:
+    def body(seed: int) -> dict:
         return {"model": "tiny", "prompt": prompt_ids(path, 60, seed=seed), "max_tokens": out, "temperature": 0,
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, "rid": rid}
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
 
-    _, b = open_stream(router.url, body("abc", 30))
+    _, b = open_stream(router.url, body(30))
     next(b)  # B is decoding
-    conn_a, a = open_stream(router.url, body("a", 31))
+    conn_a, a = open_stream(router.url, body(31))
     next(a)
     conn_a.sock.shutdown(socket.SHUT_RDWR)  # A leaves: the router drops its stream, SGLang aborts A's rid
     conn_a.close()
