@@ -104,7 +104,7 @@ def test_server_flags_are_those_of_prfaas_up(cpu_out, tmp_path):
 
 
 def _mount(files: dict, sts: str, dc: str, tmp: Path) -> Path:
-    """Materialize the Secret volume of `sts` the way the kubelet would (items -> paths)."""
+    """Materialize the Secret volume of `sts` the way the kubelet would (items -> paths, defaultMode)."""
     pod = find(files, "StatefulSet", sts, dc)["spec"]["template"]["spec"]
     vol = next(v for v in pod["volumes"] if v["name"] == "curve-keys")
     mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "curve-keys")
@@ -115,12 +115,15 @@ def _mount(files: dict, sts: str, dc: str, tmp: Path) -> Path:
     for item in vol["secret"]["items"]:
         (root / item["path"]).parent.mkdir(parents=True, exist_ok=True)
         (root / item["path"]).write_bytes(base64.b64decode(secret["data"][item["key"]]))
+        (root / item["path"]).chmod(vol["secret"]["defaultMode"])
     return root
 
 
-def test_curve_keys_are_role_split_secrets_the_transport_accepts(cpu_out, tmp_path):
+def test_curve_keys_are_role_split_secrets_the_transport_accepts(cpu_out, tmp_path, monkeypatch):
     out, files = cpu_out
     sender, receiver = _mount(files, "prfaas-prefill", "remote", tmp_path), _mount(files, "decode", "local", tmp_path)
+    owner = (sender / "register.secret").stat().st_uid
+    monkeypatch.setattr(security.os, "getuid", lambda: owner + 1000)  # the kubelet's files, a non-root pod user
     assert security.register_secret(str(sender)) == security.register_secret(str(receiver))
     # the prefill trusts the decode's server key; the decode authorizes the prefill's client key
     assert security.server_key_problem(str(sender), security.server_public_key(str(receiver))) is None

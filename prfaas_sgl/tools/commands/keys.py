@@ -8,7 +8,7 @@ import sys
 
 def add_parser(sub) -> None:
     p = sub.add_parser("keys", help="create CURVE keys and the Register secret for --prfaas-zmq-curve-keys")
-    p.add_argument("keys_dir", help="directory to create (its key files are replaced)")
+    p.add_argument("keys_dir", help="directory to create (its key files are replaced; it ends 0700, secrets 0600)")
     p.add_argument("--client-name", default="client", help="name of the sender key pair")
     p.set_defaults(func=run)
 
@@ -25,5 +25,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"keys in {d}:\n"
           f"  prefill hosts: {args.client_name}.key_secret, {args.client_name}.key, server.key, register.secret\n"
           f"  decode hosts:  server.key_secret, server.key, authorized_clients/, register.secret\n"
+          f"  secret files are 0600 in 0700 directories: keep them so when you copy (scp -p, rsync -p); a server\n"
+          f"  refuses a secret file other users can read\n"
           f"  then start every server with --prfaas-zmq-curve-keys {os.path.abspath(d)}")
     return 0
