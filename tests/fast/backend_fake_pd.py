@@ -101,7 +101,7 @@ def until(poll, want, timeout: float = 5.0):
 @pytest.fixture()
 def make_pd(monkeypatch):
     """`make_pd(waiting_timeout_s=..., zmq_timeout_s=...)` → a connected PD over a fresh FakeTransport
-    (`fake=False`: the managers' default transport)."""
+    (`fake=False`: the managers' default transport; `keys_dir`: signed control messages)."""
     built: list[PD] = []
     monkeypatch.setenv("SGLANG_HOST_IP", "127.0.0.1")  # loopback: no keys needed (settings.insecure_problem)
     monkeypatch.setattr(CommonKVManager, "register_to_bootstrap", lambda self: None)  # no bootstrap server
@@ -110,10 +110,11 @@ def make_pd(monkeypatch):
     start = PrfaasKVManager._start
     monkeypatch.setattr(PrfaasKVManager, "_start", lambda self, *a: threads.append(start(self, *a)) or threads[-1])
 
-    def make(waiting_timeout_s: int = 300, zmq_timeout_s: float = 60.0, fake: bool = True) -> PD:
+    def make(waiting_timeout_s: int = 300, zmq_timeout_s: float = 60.0, fake: bool = True,
+             keys_dir: str = "") -> PD:
         monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(waiting_timeout_s))
         sa = ServerArgs(model_path="dummy", device="cpu", enable_pd_role_switch=True)  # polling control recv
-        setattr(sa, flags.CONFIG_ATTR, PrfaasConfig(zmq_timeout_s=zmq_timeout_s))
+        setattr(sa, flags.CONFIG_ATTR, PrfaasConfig(zmq_timeout_s=zmq_timeout_s, zmq_curve_keys=keys_dir))
         sglang_rc.reset_context()
         sglang_rc.publish(sa, role="scheduler", ranks=sglang_rc.SpawnRanks(world_rank=0))
         sglang_rc.get_parallel().override_permanently(pp_group=None)  # pipeline size 1: never used

@@ -24,6 +24,7 @@ from prfaas_sgl.srt.backend.decode import DecodeManager  # noqa: E402
 from prfaas_sgl.srt.backend.manager import DataPlaneDead  # noqa: E402
 from prfaas_sgl.srt.backend.memory import KVMemory  # noqa: E402
 from prfaas_sgl.srt.backend.prefill import PrefillManager, _Outgoing  # noqa: E402
+from prfaas_sgl.srt.backend.rooms import Unstarted  # noqa: E402
 from prfaas_sgl.srt.backend.settings import insecure_problem  # noqa: E402
 from prfaas_sgl.config import PrfaasConfig  # noqa: E402
 from prfaas_sgl.transfer.config import TransferConfig  # noqa: E402
@@ -70,15 +71,16 @@ def _common(m, keys_dir):
     m.local_ip, m.rank_port, m.attn_tp_size, m._stopped = DECODE_IP, 5555, 1, False
     m.status_messages = []
     m.send_kv_status_message = lambda **kw: m.status_messages.append(kw)
+    m._init_liveness()
 
 
 def make_prefill(keys_dir=None) -> PrefillManager:
     m = object.__new__(PrefillManager)
     _common(m, keys_dir)
     m.sender = m.data_plane = StubSender()
-    m.peers = PeerBook(Admission(m.register_secret, keys_dir))
-    m.rejections, m._open, m._lock, m._wake = {}, {}, threading.Lock(), threading.Event()
-    m.transfer_infos, m.req_to_decode_prefix_len, m._unstarted, m._room_ttl_s = {}, {}, {}, 600.0
+    m.peers = PeerBook(Admission(m.register_secret, keys_dir), fit=m._fit)
+    m._open, m._lock, m._wake = {}, threading.Lock(), threading.Event()
+    m.transfer_infos, m.req_to_decode_prefix_len, m._unstarted, m._room_ttl_s = {}, {}, Unstarted(), 600.0
     return m
 
 

@@ -1,5 +1,5 @@
-"""prfaas_zmq backend hardening (issue 12), who may talk to it: forged Registers and Metadata (H1), keys by
-default on routable addresses (M3), the TCP peer a control message came from, trusted key files."""
+"""prfaas_zmq backend hardening, who may talk to it: forged Registers and Metadata that redirect KV, keys by
+default on routable addresses, the TCP peer a control message came from, trusted key files."""
 from __future__ import annotations
 
 import shutil
@@ -19,7 +19,7 @@ from .backend_stubs import (  # noqa: E402
 )
 
 
-# -- H1: a forged Register must not choose where KV goes or which key encrypts it -------------------------
+# -- a forged Register must not choose where KV goes or which key encrypts it -------------------------
 def test_forged_register_cannot_redirect_kv(keys):
     """Before the fix, the last Register for a session won: the sender got the attacker's address and key."""
     good, attacker = keys
@@ -39,7 +39,7 @@ def test_forged_register_cannot_redirect_kv(keys):
 
 @pytest.mark.parametrize("case, counter", [
     ("data_host_elsewhere", "host_mismatch"), ("sent_from_elsewhere", "host_mismatch"),
-    ("untrusted_key", "untrusted_key"), ("bad_port", "bad_address"),
+    ("untrusted_key", "untrusted_key"), ("bad_port", "bad_register"),
 ])
 def test_signed_register_is_still_checked(keys, case, counter):
     good, attacker = keys
@@ -69,7 +69,7 @@ def test_loopback_sender_may_register_a_routable_endpoint(keys):
 
 
 def test_peer_book_is_bounded():
-    book = PeerBook(Admission(None, None), cap=3)
+    book = PeerBook(Admission(None, None), cap=3, hold_s=0)
     for port in range(10):
         msg = register(port=port + 1)
         book.admit(control.encode(msg), msg, DECODE_IP)
@@ -79,7 +79,7 @@ def test_peer_book_is_bounded():
 
 
 def test_secure_client_refuses_a_key_it_does_not_trust(keys):
-    """Second H1 repro: a sender with keys_dir used to connect to whatever server key a Register named."""
+    """Second redirection repro: a sender with keys_dir used to connect to whatever server key a Register named."""
     import zmq
 
     from prfaas_sgl.transfer.security import secure_client
@@ -107,7 +107,7 @@ def test_authorized_servers_extend_the_trusted_set(keys, tmp_path):
     assert trusted_server_keys(str(d)) == {server_public_key(good), server_public_key(attacker)}
 
 
-# -- M3: keys by default on routable addresses ----------------------------------------------------------
+# -- keys by default on routable addresses ----------------------------------------------------------
 def test_routable_address_needs_keys_or_insecure(keys):
     good, _ = keys
     assert "prfaas keys DIR" in insecure_problem(PrfaasConfig(), "10.0.0.2")
@@ -126,7 +126,7 @@ def test_keys_command_makes_a_usable_directory(tmp_path, capsys):
 
 
 def test_control_socket_refuses_forged_register_over_tcp(keys):
-    """H1 over real sockets: SGLang's PULL control socket, a legit decode and a forger on PUSH sockets."""
+    """Redirection over real sockets: SGLang's PULL control socket, a legit decode and a forger on PUSH sockets."""
     import zmq
 
     good, attacker = keys
@@ -159,7 +159,7 @@ def test_control_socket_refuses_forged_register_over_tcp(keys):
 
 
 def test_sender_will_not_encrypt_kv_for_an_announced_untrusted_key(keys, tmp_path):
-    """Second H1 repro, over real sockets: an attacker's CURVE receiver that even authorizes the
+    """Second redirection repro, over real sockets: an attacker's CURVE receiver that even authorizes the
     prefill's client key. Before the fix the transfer completed into the attacker's memory."""
     from prfaas_sgl.transfer.layout import page_regions
     from prfaas_sgl.transfer.receiver import ZmqReceiver
@@ -186,7 +186,7 @@ def test_sender_will_not_encrypt_kv_for_an_announced_untrusted_key(keys, tmp_pat
         rx.close()
 
 
-# -- issue 12 review: Metadata creates room state, so it is authenticated and bounded too ----------------
+# -- Metadata creates room state, so it is authenticated and bounded too ----------------
 @pytest.mark.parametrize("case, counter", [
     ("unsigned", "metadata_unsigned"), ("bad_mac", "metadata_bad_mac"),
     ("sent_from_elsewhere", "metadata_host_mismatch"), ("no_tcp_peer", "metadata_host_mismatch"),
@@ -211,7 +211,7 @@ def test_forged_metadata_creates_no_room(keys, case, counter):
     else:
         msg = msgspec.structs.replace(msg, npages=-1)
     m._on_control(frames or control.encode(msg, secret), peer_ip)
-    assert (m.transfer_infos, m.request_status, m._unstarted) == ({}, {}, {})
+    assert (m.transfer_infos, m.request_status, len(m._unstarted)) == ({}, {}, 0)
     assert m.peers.refusals == {counter: 1}
 
 
@@ -234,10 +234,8 @@ def test_metadata_of_an_unknown_session_is_refused_without_keys():
 
 
 def test_unstarted_rooms_are_bounded(monkeypatch):
-    import prfaas_sgl.srt.backend.prefill as prefill
-
-    monkeypatch.setattr(prefill, "MAX_UNSTARTED", 3)
     m, _ = _admitted_prefill()
+    m._unstarted.cap = 3
     for room in range(5):
         m._on_control(control.encode(metadata(room)), DECODE_IP)
     assert sorted(m._unstarted) == [0, 1, 2] and sorted(m.transfer_infos) == [0, 1, 2]

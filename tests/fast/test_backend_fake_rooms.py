@@ -1,6 +1,6 @@
 """The prfaas_zmq backend's room/status logic end to end over the fake transport (backend_fake_pd.py):
 SGLang's per-request sender and receiver on real managers, as the schedulers call them. Each test names the
-code it guards; the report of issue 16 lists the mutation each one catches."""
+code it guards."""
 from __future__ import annotations
 
 import numpy as np

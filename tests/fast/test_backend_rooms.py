@@ -1,5 +1,5 @@
-"""prfaas_zmq backend hardening (issue 12), rooms and threads: the watch thread (M4), leaked and expired rooms
-(L1), a dead data-plane loop (H5, decode side), blacklisted prefills (M6), timed-out expects."""
+"""prfaas_zmq backend hardening, rooms and threads: the watch thread, leaked and expired rooms, a dead
+data-plane loop (decode side), blacklisted prefills, timed-out expects."""
 from __future__ import annotations
 
 import threading
@@ -16,7 +16,7 @@ from .backend_stubs import (  # noqa: E402
 )
 
 
-# -- M4: the watch thread survives a destination added while it looks ---------------------------------
+# -- the watch thread survives a destination added while it looks ---------------------------------
 def test_drop_survives_tids_inserted_during_release():
     m = make_prefill()
     out = _Outgoing(ROOM, {1: ("a", 1), 2: ("b", 2)})
@@ -40,7 +40,7 @@ def test_watch_step_failure_fails_only_that_room():
     assert "internal error" in m.failure_records[1]
 
 
-# -- L1: rooms whose prefill never started are forgotten --------------------------------------------------
+# -- rooms whose prefill never started are forgotten --------------------------------------------------
 def test_unstarted_rooms_expire():
     m = make_prefill()
     m.peers.admit(control.encode(register()), register(), DECODE_IP)
@@ -52,14 +52,14 @@ def test_unstarted_rooms_expire():
     assert 1 in m.transfer_infos
     m._expire_unstarted(time.monotonic() + 601)
     assert (1 in m.transfer_infos, 1 in m.request_status, 1 in m.failure_records) == (False, False, False)
-    assert 2 in m.transfer_infos and m._unstarted == {}
+    assert 2 in m.transfer_infos and len(m._unstarted) == 0
 
 
 def test_metadata_carries_a_page_count_not_page_ids():
     assert "pages" not in control.Metadata.__struct_fields__  # 36 B per page per waiting room before
 
 
-# -- H5 (decode side) and a dead loop ----------------------------------------------------------------------
+# -- a dead data-plane loop (decode side) ----------------------------------------------------------------------
 @pytest.mark.parametrize("exc", [TimeoutError(), RuntimeError("loop gone")])
 def test_expect_fails_only_that_transfer(exc):
     m = make_decode(StubReceiver(exc))
@@ -102,7 +102,7 @@ def test_watchdog_stops_an_idle_server(monkeypatch):
     assert stopped.wait(2.0)
 
 
-# -- M6: a prefill once incompatible is usable again ------------------------------------------------------
+# -- a prefill once incompatible is usable again ------------------------------------------------------
 def test_peer_rejection_is_cleared_on_success(monkeypatch):
     from sglang.srt.disaggregation.common.conn import CommonKVManager
 

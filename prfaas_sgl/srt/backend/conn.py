@@ -5,6 +5,7 @@ from __future__ import annotations
 from sglang.srt.disaggregation.base.conn import KVPoll, KVTransferDestination
 from sglang.srt.disaggregation.common.conn import CommonKVBootstrapServer, CommonKVReceiver, CommonKVSender
 
+from prfaas_sgl.srt.backend import control
 from prfaas_sgl.srt.backend.manager import PrfaasKVManager
 
 
@@ -27,6 +28,21 @@ class PrfaasKVReceiver(CommonKVReceiver):
             self._fail(reason)
             return
         super().init(prefill_dp_rank)
+
+    def poll(self) -> KVPoll:
+        """SGLang's poll; a room the prefill failed because it does not know this decode's session (it
+        evicted an idle one, or restarted) also drops the cached registration, so that the next request
+        registers again instead of every room failing until this decode restarts."""
+        status = super().poll()
+        if status == KVPoll.Failed and self.bootstrap_infos_cached():
+            with self.kv_mgr.failure_lock:
+                reason = self.kv_mgr.failure_records.get(self.bootstrap_room) or ""
+            if control.REREGISTER in reason:
+                self.invalidate_cached_bootstrap_infos()
+        return status
+
+    def bootstrap_infos_cached(self) -> bool:
+        return bool(getattr(self, "_connection_pool_entries", None))
 
     def send_metadata(self, kv_indices, aux_index=None, state_indices=None, decode_prefix_len=None,
                       destination=KVTransferDestination.DEVICE, device_kv_indices=None):

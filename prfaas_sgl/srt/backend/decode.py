@@ -37,13 +37,13 @@ class DecodeManager(PrfaasKVManager):
         the reason instead so the receivers of that prefill fail with it and the server stays up."""
         try:
             ok = super().try_ensure_parallel_info(bootstrap_addr)
-        except RuntimeError as e:
+        except Exception as e:  # RuntimeError for a mismatch; anything a bootstrap server's values break
             reason = f"prfaas_zmq: prefill {bootstrap_addr} is incompatible: {e}"
             if self.peer_rejections.get(bootstrap_addr) != reason:  # SGLang retries once a second
                 log.error(reason)
             self.peer_rejections[bootstrap_addr] = reason
             return False
-        if ok:  # a prefill fixed and restarted at the same address is usable again (M6)
+        if ok:  # a prefill fixed and restarted at the same address is usable again
             self.peer_rejections.pop(bootstrap_addr, None)
         return ok
 
@@ -85,8 +85,8 @@ class DecodeManager(PrfaasKVManager):
         for src in srcs or [0]:
             try:
                 pair = self._pairing(src_tp, src)
-            except ValueError as e:
-                problem = f"prfaas_zmq: cannot receive room {room} from prefill TP {src_tp}: {e}"
+            except Exception as e:  # ValueError for states that do not shard; anything the prefill's TP breaks
+                problem = f"prfaas_zmq: cannot receive room {room} from prefill TP {src_tp}: {type(e).__name__}: {e}"
                 break
             if pair.empty:
                 continue  # a replica: another source sends these heads (tp.sends_kv) and has no state shard
@@ -156,13 +156,24 @@ class DecodeManager(PrfaasKVManager):
             self.receiver.release(tid)
 
     def _control_loop(self) -> None:
+        """Until teardown; a socket failure ends the thread (recorded by manager._guarded)."""
         recv = self._make_worker_recv(self.server_socket)
         while not self._stopped:
             frames = recv()
-            if frames is None or self.handle_abort_ack_message(frames):
-                continue
-            parsed = self.parse_kv_status_message(frames)
+            if frames is not None:
+                self._on_frames(frames)
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        """One prefill → decode message. Any error is this message's: logged, dropped, the thread goes on
+        (without it no prefill status is heard and every room waits out its timeout)."""
+        try:
+            if self.handle_abort_ack_message(frames):
+                return
+            parsed = self.parse_kv_status_message(frames)  # None for a forgery when keys are configured
             if parsed is not None:
                 room, status, rank, reason = parsed
                 self.apply_prefill_status(bootstrap_room=room, status=status, prefill_rank=rank,
                                           failure_reason=reason)
+        except Exception as e:
+            log.exception("prfaas_zmq: prefill status message failed")
+            self.note_dropped("failed_status", f"{type(e).__name__}: {e}")

@@ -11,7 +11,7 @@ A request's bytes per buffer form one stream: decode lists every page it allocat
 cached prefix) up front; prefill sends the same pages chunk by chunk in request order, so page k of
 the prefill's suffix lands on page k of the decode's suffix whatever the physical page ids are.
 
-Both sides name what moves as item ids (`ItemBatch`, the staged path of issue 13): the scheduler thread
+Both sides name what moves as item ids (`ItemBatch`, the staged path): the scheduler thread
 hands SGLang's id arrays over as they are, and every byte computation runs on the transfer threads.
 Devices: K/V and state buffers live where the server runs (`cuda:<gpu_id>` on GPUs), aux rows in host
 memory always (SGLang's `MetadataBuffers` use device "cpu" unless Mooncake's NVLink pool is on). This is

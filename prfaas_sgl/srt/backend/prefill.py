@@ -2,7 +2,7 @@
 finished chunk with `ZmqSender`, and reports Success only once the decode's receiver verified it all.
 
 Threads: SGLang's scheduler calls `add_transfer_request`, which does O(1) work per chunk (the page-id
-array goes to the sender as it is, issue 13); the sender's loop and stager threads plan, gather and send;
+array goes to the sender as it is); the sender's loop and stager threads plan, gather and send;
 the watch thread concludes rooms when the sender signals a terminal transfer (no polling period)."""
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from sglang.srt.disaggregation.common.conn import ABORT_TAG, AbortNotification
 from sglang.srt.environ import envs
 
 from prfaas_sgl.srt.backend import control
-from prfaas_sgl.srt.backend.admission import Admission, PeerBook
+from prfaas_sgl.srt.backend.admission import Admission, PeerBook, same_host
 from prfaas_sgl.srt.backend.manager import PrfaasKVManager
 from prfaas_sgl.srt.backend.memory import index_len, transfer_id
+from prfaas_sgl.srt.backend.rooms import Unstarted, join_problem
 from prfaas_sgl.srt.backend.tp import Pairing, layout_problem, pairing, with_state_runs
 from prfaas_sgl.srt.backend.settings import faults_from_env, offset_port
 from prfaas_sgl.transfer.config import PeerInfo
@@ -30,7 +31,6 @@ log = logging.getLogger(__name__)
 # Fallback wake-up of the watch thread while rooms are open: transfers signal their end (on_terminal) and
 # failures from other threads set the wake too; this only bounds a missed signal.
 _WATCH_S = 0.1
-MAX_UNSTARTED = 16384  # rooms with Metadata and no chunk yet (a Metadata is ~100 B, kept ~10 min)
 
 
 @dataclass(slots=True)
@@ -53,14 +53,12 @@ class PrefillManager(PrfaasKVManager):
                                             stats_host=self.prfaas_config.zmq_stats_host,
                                             devices=self.memory.devices, on_terminal=lambda _tid: self._wake.set())
         self.data_plane = self.sender
-        self.peers = PeerBook(Admission(self.register_secret, self.transfer_config.keys_dir))
-        self.rejections: dict[str, str] = {}  # decode session → why we cannot send to it
+        self._room_ttl_s = envs.SGLANG_DISAGGREGATION_WAITING_TIMEOUT.get() + self.bootstrap_timeout
+        self.peers = PeerBook(Admission(self.register_secret, self.transfer_config.keys_dir), fit=self._fit,
+                              hold_s=self._room_ttl_s)
         self._open: dict[int, _Outgoing] = {}
         self._lock = threading.Lock()
-        # rooms with Metadata whose prefill has not sent a chunk yet → when the Metadata came (L1). By
-        # then the decode gave up (waiting timeout), and SGLang's sender fails a room it cannot find.
-        self._unstarted: dict[int, float] = {}
-        self._room_ttl_s = envs.SGLANG_DISAGGREGATION_WAITING_TIMEOUT.get() + self.bootstrap_timeout
+        self._unstarted = Unstarted()
         self._start(self._control_loop, "prfaas-zmq-control")
         self._start(self._watch_loop, "prfaas-zmq-watch")
         self._start(self._watchdog, "prfaas-zmq-watchdog")
@@ -77,7 +75,7 @@ class PrefillManager(PrfaasKVManager):
         guards a pinned page-id tensor still being copied from the GPU, so the stager syncs it first."""
         room = bootstrap_room
         with self._lock:  # _expire_unstarted forgets a room under the lock, never halfway
-            self._unstarted.pop(room, None)
+            self._unstarted.pop(room)
             if self.request_status.get(room) in (None, KVPoll.Failed):
                 return
         self.check_data_plane(room)
@@ -96,18 +94,30 @@ class PrefillManager(PrfaasKVManager):
             if problem:                                                  # state shapes need not shard
                 self.conclude_failure(bootstrap_room=room, failure_reason=problem)
                 return
-            pair = self._pairing(session)
-            if not pair.sends(is_last_chunk):
-                continue  # a KV replica another rank of ours sends (tp.sends_kv), states come with the last
-            batch = self.memory.batch(kv_indices if pair.kv else (), state_indices if is_last_chunk else None,
-                                      aux_index if is_last_chunk and pair.aux else None, head=pair.src, **sync)
-            batch = with_state_runs(batch, pair, self.state_ids, side=0)
-            self._send(room, session, info, batch, is_last_chunk)
-            sent = True
+            try:  # peer values drive the slicing: whatever they break fails this room, not the scheduler
+                batch = self._plan(session, kv_indices, state_indices, aux_index, is_last_chunk, sync)
+                if batch is not None:
+                    self._send(room, session, info, batch, is_last_chunk)
+                    sent = True
+            except Exception as e:
+                log.exception("prfaas_zmq: room %s to decode %s failed", room, session)
+                self.conclude_failure(bootstrap_room=room, failure_reason=f"prfaas_zmq: cannot send room {room} "
+                                      f"to decode {session}: {type(e).__name__}: {e}")
+                return
         if is_last_chunk and not sent and room not in self._open:
             self.update_status(room, KVPoll.Success)  # nothing of ours goes to these decode ranks
         else:
             self.update_status(room, KVPoll.Transferring)
+
+    def _plan(self, session: str, kv_indices, state_indices, aux_index, last: bool, sync: dict):
+        """The items of this chunk that go to decode `session`, or None when nothing does (a KV replica
+        another rank of ours sends, tp.sends_kv; states come with the last chunk)."""
+        pair = self._pairing(session)
+        if not pair.sends(last):
+            return None
+        batch = self.memory.batch(kv_indices if pair.kv else (), state_indices if last else None,
+                                  aux_index if last and pair.aux else None, head=pair.src, **sync)
+        return with_state_runs(batch, pair, self.state_ids, side=0)
 
     def _sync(self, wait_event, indices_event) -> dict:
         """What the stager must wait for before reading this chunk (see add_transfer_request)."""
@@ -147,7 +157,12 @@ class PrefillManager(PrfaasKVManager):
     def _problem(self, session: str, info: control.Metadata, index_slice: slice, npages: int) -> str | None:
         if session not in self.peers:
             return f"decode {session} sent metadata for room {info.room} {self.peers.unregistered(session)}"
-        return self.rejections.get(session) or _overflow(info, index_slice, npages)
+        return _overflow(info, index_slice, npages)
+
+    @property
+    def rejections(self) -> dict[str, str]:
+        """Decode session → why its last Register was refused (layout, values, signer)."""
+        return self.peers.refused
 
     def check_status(self, bootstrap_room: int) -> KVPoll:
         if bootstrap_room in self._open:
@@ -173,26 +188,36 @@ class PrefillManager(PrfaasKVManager):
 
     # -- control thread: decode → prefill messages ---------------------------------------------------
     def _control_loop(self) -> None:
+        """Until teardown; a socket or poller failure ends the thread (recorded by manager._guarded)."""
         poller = zmq.Poller()
         poller.register(self.server_socket, zmq.POLLIN)
         while not self._stopped:
             if not poller.poll(500):  # a timeout lets teardown (role switch) stop this thread
                 continue
             parts = self.server_socket.recv_multipart(copy=False)
-            frames = [p.bytes for p in parts]
+            self._on_frames([p.bytes for p in parts], _peer_ip(parts[0]))
+
+    def _on_frames(self, frames: list[bytes], peer_ip: str | None) -> None:
+        """One control message. Any error is this message's: logged, dropped, the thread goes on (it is
+        the only one that hears decodes)."""
+        try:
+            if frames and frames[0] == ABORT_TAG and not self._abort_allowed(frames, peer_ip):
+                return  # before SGLang's deferred-bootstrap handler, which would fail the room too
             if self.deferred_bootstrap is not None and self._handle_bootstrap_message(frames):
-                continue
-            try:
-                self._on_control(frames, _peer_ip(parts[0]))
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                log.error("prfaas_zmq: undecodable control message (peer of another version?): %s", e)
-            except Exception:  # one bad message must not end the only thread that hears decodes
-                log.exception("prfaas_zmq: control message failed")
+                return
+            self._on_control(frames, peer_ip)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            self.note_dropped("undecodable", f"undecodable control message (peer of another version?): {e}")
+        except Exception as e:
+            log.exception("prfaas_zmq: control message failed")
+            self.note_dropped("failed_control", f"{type(e).__name__}: {e}")
 
     def _on_control(self, frames: list[bytes], peer_ip: str | None = None) -> None:
         if frames and frames[0] == ABORT_TAG:
             note = AbortNotification.from_zmq(frames)
-            if note is not None and self.request_status.get(note.room) not in (None, KVPoll.Success):
+            if note is None or not self._abort_allowed(frames, peer_ip):
+                return
+            if self.request_status.get(note.room) not in (None, KVPoll.Success):
                 self.record_first_failure(note.room, "aborted by decode")
                 self.update_status(note.room, KVPoll.Failed)
                 self._wake.set()  # the watch thread drops the room and releases its transfers now
@@ -203,38 +228,57 @@ class PrefillManager(PrfaasKVManager):
         elif isinstance(msg, control.Metadata):
             self._on_metadata(frames, msg, peer_ip)
 
+    def _abort_allowed(self, frames: list[bytes], peer_ip: str | None) -> bool:
+        """An ABORT fails a room, so only that room's decode may send it: its return address must be a
+        session of the room (before the room's Metadata: any admitted session), and the TCP peer that
+        address's host (ABORT carries no MAC: SGLang builds it)."""
+        note = AbortNotification.from_zmq(frames)
+        if note is None:
+            return False
+        session = f"{note.decode_ip}:{note.decode_port}"
+        infos = self.transfer_infos.get(note.room)
+        owner = session in infos if infos else session in self.peers
+        if owner and note.decode_ip is not None and same_host(peer_ip, note.decode_ip,
+                                                              strict=self.register_secret is not None):
+            return True
+        self.note_dropped("foreign_abort", f"ABORT of room {note.room} from {peer_ip} naming {session}, "
+                                           "not a decode session of that room")
+        return False
+
     def _on_register(self, frames: list[bytes], msg: control.Register, peer_ip: str | None) -> None:
-        if not self.peers.admit(frames, msg, peer_ip):
-            return
+        if self.peers.admit(frames, msg, peer_ip):
+            log.info("prfaas_zmq: decode %s registered (data %s:%s)", msg.session, msg.data_host, msg.data_port)
+
+    def _fit(self, msg: control.Register) -> str | None:
+        """Why this rank cannot send to a decode with `msg`'s layout (checked before admission; the
+        values are range-checked already, so the TP math divides by nothing below 1)."""
+        if msg.page_size != self.kv_args.page_size:
+            return f"page size mismatch: decode page_size={msg.page_size}, prefill page_size={self.kv_args.page_size}"
         my_tp = int(self.attn_tp_size)
         if msg.attn_tp_size == my_tp or getattr(self, "is_mla_backend", False):
-            problem = self.memory.layout.mismatch(msg.layout)
-        else:  # K/V head slices and state byte runs between TP sizes (tp.py)
-            problem = layout_problem(self.memory.layout, msg.layout, my_tp, msg.attn_tp_size,
-                                     self._total_heads(my_tp), self.kv_args.page_size, self.state_shapes)
-        if msg.page_size != self.kv_args.page_size:
-            problem = (f"page size mismatch: decode page_size={msg.page_size}, "
-                       f"prefill page_size={self.kv_args.page_size}")
-        if problem:
-            self.rejections[msg.session] = f"prfaas_zmq cannot send to decode {msg.session}: {problem}"
-            log.error(self.rejections[msg.session])
-        else:
-            self.rejections.pop(msg.session, None)
-            log.info("prfaas_zmq: decode %s registered (data %s:%s)", msg.session, msg.data_host, msg.data_port)
-        for gone in [s for s in self.rejections if s not in self.peers]:  # bounded with the book
-            self.rejections.pop(gone, None)
+            return self.memory.layout.mismatch(msg.layout)
+        # K/V head slices and state byte runs between TP sizes (tp.py)
+        return layout_problem(self.memory.layout, msg.layout, my_tp, msg.attn_tp_size, self._total_heads(my_tp),
+                              self.kv_args.page_size, self.state_shapes)
 
     def _on_metadata(self, frames: list[bytes], msg: control.Metadata, peer_ip: str | None) -> None:
         # every Metadata creates room state for ~10 min: only admitted decodes (or, to learn why it
-        # failed, a refused one holding the secret) may, and only so many rooms at a time
+        # failed, a refused one holding the secret) may, only into a room that is theirs (rooms.py), and
+        # only so many rooms at a time per decode host
         if not self.peers.admit_metadata(frames, msg, peer_ip):
             return
-        if msg.room not in self.transfer_infos and len(self._unstarted) >= MAX_UNSTARTED:
-            self.peers.count("metadata_too_many_rooms", msg.session,
-                             f"{len(self._unstarted)} rooms wait for their prefill already")
+        infos = self.transfer_infos.get(msg.room, {})
+        problem = join_problem(infos, msg, {s: self.peers.get(s) for s in (*infos, msg.session)})
+        if problem:
+            self.peers.count("metadata_foreign_room", msg.session, f"room {msg.room}: {problem}")
+            return
+        refusal = None if infos else self._unstarted.refusal(msg.room, msg.endpoint)
+        if refusal:
+            self.peers.count(f"metadata_{refusal[0]}", msg.session, refusal[1])
             return
         self.peers.touch(msg.session)
-        self._unstarted.setdefault(msg.room, time.monotonic())
+        if not infos:
+            self._unstarted.add(msg.room, msg.endpoint, time.monotonic())
         infos = self.transfer_infos.setdefault(msg.room, {})
         infos[msg.session] = msg
         if len(infos) == msg.required_dst_info_num:
@@ -252,7 +296,7 @@ class PrefillManager(PrfaasKVManager):
                 if time.monotonic() - last_expiry > 1.0:
                     last_expiry = time.monotonic()
                     self._expire_unstarted(last_expiry)
-            except Exception:  # the only thread that concludes rooms must outlive any bug in one step (M4)
+            except Exception:  # the only thread that concludes rooms must outlive any bug in one step
                 log.exception("prfaas_zmq: watch step failed")
                 time.sleep(_WATCH_S)
 
@@ -316,12 +360,10 @@ class PrefillManager(PrfaasKVManager):
                 log.exception("prfaas_zmq: releasing transfer %x of room %s failed", tid, out.room)
 
     def _expire_unstarted(self, now: float) -> None:
-        """Forget rooms whose prefill never started (L1): the decode gave up on them long ago."""
-        for room, since in list(self._unstarted.items()):
-            if now - since < self._room_ttl_s:
-                break  # insertion order is arrival order
+        """Forget rooms whose prefill never started: the decode gave up on them long ago."""
+        for room in self._unstarted.expired(now, self._room_ttl_s):
             with self._lock:  # add_transfer_request pops _unstarted and reads the status under it
-                if self._unstarted.pop(room, None) is None or room in self._open:
+                if not self._unstarted.pop(room) or room in self._open:
                     continue  # started meanwhile
                 self.transfer_infos.pop(room, None)
                 self.req_to_decode_prefix_len.pop(room, None)

@@ -1,4 +1,4 @@
-"""Different attention-TP sizes on the two sides (issue 13): which prefill rank sends which KV heads to
+"""Different attention-TP sizes on the two sides: which prefill rank sends which KV heads to
 which decode rank, derived by both sides from the same facts, so no message carries it.
 
 SGLang's rank mapping (common/conn.py `_resolve_rank_mapping`) pairs ranks:

@@ -1,4 +1,4 @@
-"""Mamba/GDN/KDA state slots between different attention-TP sizes (issue 13): which bytes of a prefill
+"""Mamba/GDN/KDA state slots between different attention-TP sizes: which bytes of a prefill
 rank's slot go to which bytes of a decode rank's slot, SGLang 0.5.23's arithmetic restated
 (disaggregation/utils.py `compute_mamba_state_slice_blocks` / `compute_mamba_state_slice_byte_blocks`)
 so CPU CI needs neither Triton nor SGLang's pools.
