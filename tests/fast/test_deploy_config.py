@@ -82,6 +82,27 @@ def test_example_parses_and_defaults_match_the_device():
     ]}).transfer_backend == "prfaas_zmq"
 
 
+@pytest.mark.parametrize("name, env", [("admin_token", "PRFAAS_ROUTER_ADMIN_TOKEN"),
+                                       ("supervisor_token", "PRFAAS_SUPERVISOR_TOKEN")])
+def test_tokens_in_the_deployment_file_are_refused(name, env):
+    """The file travels to every machine and [router] is written to router.json: a token in it would be on
+    every disk, in clear, readable by any local user."""
+    import tomllib
+
+    assert name in config.SECRET_ROUTER_FIELDS  # derived from RouterConfig's secret fields
+    raw = tomllib.loads(EXAMPLE.read_text())
+    raw["router"][name] = "t" * 40
+    with pytest.raises(ValueError, match=rf"\[router\] {name}: tokens do not belong .* set {env} in the environment"):
+        config.parse(raw)
+
+
+def test_router_json_never_holds_a_secret_field(tmp_path):
+    dep = config.load(EXAMPLE)
+    dep.router.update(admin_token="a" * 40, supervisor_token="s" * 40)  # a section changed after it was read
+    fields = dep.router_fields(tokenizer_path=str(tmp_path))
+    assert not config.SECRET_ROUTER_FIELDS & set(fields) and fields["threshold"] == 8192
+
+
 @pytest.mark.parametrize("extra, ok", [((), False), (("--prfaas-zmq-insecure",), True),
                                        (("--prfaas-zmq-curve-keys", "/k"), True)])
 def test_routable_prfaas_zmq_needs_keys_or_insecure(extra, ok):

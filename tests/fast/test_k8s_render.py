@@ -135,7 +135,16 @@ def test_curve_keys_are_role_split_secrets_the_transport_accepts(cpu_out, tmp_pa
     assert stat.S_IMODE((out / "keys").stat().st_mode) == 0o700
     configmaps = [d for ds in files.values() for d in ds if d["kind"] == "ConfigMap"]
     blob = json.dumps(configmaps)
-    assert "not-in-a-configmap" not in blob and "key_secret" not in blob and "register" not in blob
+    assert "key_secret" not in blob and "register" not in blob
+
+
+def test_no_token_reaches_a_configmap(tmp_path):
+    """A [router] section changed after the file was read still renders no token (the file refuses them)."""
+    dep = config.load(CPU_FILE)
+    dep.router.update(admin_token="admin-" + "a" * 40, supervisor_token="supervisor-" + "s" * 40)
+    render(dep, tmp_path)
+    blob = "".join(p.read_text() for p in tmp_path.glob("*/*.yaml") if not p.name.startswith("10-"))
+    assert "admin-aaaa" not in blob and "supervisor-ssss" not in blob
 
 
 def test_rerender_keeps_the_keys(cpu_out, tmp_path):

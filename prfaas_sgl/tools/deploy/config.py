@@ -21,14 +21,19 @@ same file, so nothing is kept in sync by hand. Example: docs/deploy-two-datacent
     port = 8101                         # each machine's `prfaas up` serves it on its servers' host
     # and in [router]: controller = "planner", controller_scenario = "...", actuator = "supervisor"
     # off loopback, every machine needs the same PRFAAS_SUPERVISOR_TOKEN in its environment
+
+Tokens never go in this file (it is copied to every machine and often committed, and `prfaas up` writes
+[router] to router.json): the router reads them from its environment, which `prfaas up` passes on.
 """
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from prfaas_sgl.config import is_loopback
+from prfaas_sgl.router.config import ADMIN_TOKEN_ENV, SUPERVISOR_TOKEN_ENV, RouterConfig
 
 POOLS = ("prfaas", "local_prefill", "decode")
 DEVICES = ("cpu", "cuda")
@@ -39,6 +44,15 @@ DEFAULT_BACKEND = {"cpu": "prfaas_zmq", "cuda": "prfaas_zmq"}
 # mooncake-transfer-engine-non-cuda; nixl and mori: GPUs only.
 BACKEND_DEVICES = {"prfaas_zmq": ("cpu", "cuda"), "mooncake": ("cpu", "cuda"), "nixl": ("cuda",),
                    "mori": ("cuda",), "fake": ("cpu", "cuda")}
+# RouterConfig's secret fields (kept out of its repr) and where the router reads each instead of a file
+SECRET_ROUTER_FIELDS = frozenset(f.name for f in dataclasses.fields(RouterConfig) if not f.repr)
+SECRET_ENV = {"admin_token": ADMIN_TOKEN_ENV, "supervisor_token": SUPERVISOR_TOKEN_ENV}
+
+
+def public_router_fields(router: dict, dropped: frozenset[str] = frozenset()) -> dict:
+    """`router` without its secret fields nor `dropped`: what may be written to router.json or a ConfigMap.
+    The file's secrets are refused when it is read; this also covers a section changed after that."""
+    return {k: v for k, v in router.items() if k not in SECRET_ROUTER_FIELDS | dropped}
 
 
 @dataclass(frozen=True)
@@ -94,7 +108,17 @@ class Deployment:
                 raise ValueError(f"servers: at least one server with pool = {pool!r} is required")
         if not any(s.pool != "decode" for s in self.servers):
             raise ValueError("servers: at least one prefill server (pool prfaas or local_prefill) is required")
+        self._check_router_secrets()
         self._check_supervisor()
+
+    def _check_router_secrets(self) -> None:
+        found = sorted(SECRET_ROUTER_FIELDS & set(self.router))
+        if found:
+            where = ", ".join(SECRET_ENV.get(name, f"the router's --{name.replace('_', '-')}") for name in found)
+            raise ValueError(f"[router] {', '.join(found)}: tokens do not belong in the deployment file (it is copied "
+                             "to every machine and `prfaas up` writes [router] to router.json); set "
+                             f"{where} in the environment of `prfaas up` on the router's machine (e.g. from a 0600 "
+                             "systemd EnvironmentFile): the router inherits it")
 
     def _check_supervisor(self) -> None:
         if self.router.get("actuator") == "supervisor" and not self.supervisor:
@@ -145,7 +169,7 @@ class Deployment:
 
     def router_fields(self, tokenizer_path: str) -> dict:
         """RouterConfig fields: the router section plus the server lists derived from `servers`."""
-        out = {k: v for k, v in self.router.items() if k != "machine"}
+        out = public_router_fields(self.router, frozenset({"machine"}))
         for pool in POOLS:
             out[pool] = [
                 {"url": s.url, "name": s.name, **({"bootstrap_port": s.bootstrap_port} if s.bootstrap_port else {})}

@@ -2,17 +2,20 @@
 
 The router lists every ordinal a role switch can bring up (`Role.max_replicas`), by stable pod DNS name: a
 pod that does not exist yet fails its health probes and stays out of rotation until the actuator scales its
-StatefulSet up, so the router needs no new configuration when the split changes. The admin token is never
-in the ConfigMap: it reaches the router as PRFAAS_ROUTER_ADMIN_TOKEN from a Secret.
+StatefulSet up, so the router needs no new configuration when the split changes. No token is ever in the
+ConfigMap (every secret RouterConfig field is dropped): the admin token reaches the router as
+PRFAAS_ROUTER_ADMIN_TOKEN from a Secret.
 """
 from __future__ import annotations
 
+from prfaas_sgl.tools.deploy.config import public_router_fields
 from prfaas_sgl.tools.deploy.k8s.keys import ADMIN_KEY, ADMIN_SECRET
 from prfaas_sgl.tools.deploy.k8s.servers import MODEL_CACHE, SECURITY, labels, probes, selector, volumes
 from prfaas_sgl.tools.deploy.k8s.topology import LOCAL, Model, Role, Topology
 from prfaas_sgl.router.config import ADMIN_TOKEN_ENV
 
 NAME = "prfaas-router"
+DROPPED = frozenset({"machine", "host", "port", "prfaas", "local_prefill", "decode"})  # the pods' own values
 CONFIG_DIR = "/etc/prfaas/router"
 
 
@@ -22,8 +25,7 @@ def router_port(topo: Topology) -> int:
 
 def router_fields(topo: Topology, model: Model) -> dict:
     """router.json: the file's [router] section with the server lists of the pods."""
-    dropped = {"machine", "admin_token", "host", "port", "prfaas", "local_prefill", "decode"}
-    fields = {k: v for k, v in topo.dep.router.items() if k not in dropped}
+    fields = public_router_fields(topo.dep.router, DROPPED)
     fields.update(host="0.0.0.0", port=router_port(topo))  # a pod's own address; the Service fronts it
     for pool in ("prfaas", "local_prefill", "decode"):
         role = topo.role(pool)
