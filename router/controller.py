@@ -3,8 +3,9 @@
 Every ``interval_s`` it fits an empirical distribution to the most recent incremental lengths, re-runs the
 throughput model with the measured link bandwidth, moves the threshold toward the new optimum by at most
 ``max_step_frac`` (so one noisy window cannot swing routing), and recommends a local prefill/decode split.
-The caller applies the threshold to its policy (``policy.threshold = update.threshold``). No clock reads:
-time is passed in. Used by the router process and, on simulated time, by the simulator.
+The caller applies the threshold to its policy (``policy.threshold = update.threshold``). The methods
+callers use and the update's shape are router/controller_api.py's. No clock reads: time is passed in. Used
+by the router process and, on simulated time, by the simulator.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from prfaas_sgl.workload.lengths import Empirical
+from .controller_api import ControllerUpdate, PlannerOptimum
 from .planner.model import System
 from .planner.optimize import best_split, best_threshold
 
@@ -33,19 +35,9 @@ class ControllerConfig:
             raise ValueError("ControllerConfig: max_step_frac must be in (0, 1], split_gain >= 0")
 
 
-@dataclass(frozen=True, slots=True)
-class ControllerUpdate:
-    threshold: int  # tokens, apply to the policy
-    recommended_split: tuple[int, int]  # (local prefill, decode) instances
-    reason: str  # "step_limited" | "converged"
-    target_threshold: int  # the unrestricted optimum for this window
-    lambda_max: float  # model Λ_max at the recommended point, req/s
-    bound: str  # stage that binds at the target
-    offload_fraction: float = float("nan")  # P(L > target t): the share the model sends to PrfaaS at its optimum
-
-
 class LongTermController:
-    """Owns a ring buffer of observations; ``maybe_update`` is cheap when nothing is due."""
+    """The planner's ``Controller`` (router/controller_api.py). Owns a ring buffer of observations;
+    ``maybe_update`` is cheap when nothing is due."""
 
     def __init__(self, cfg: ControllerConfig, system: System, split: tuple[int, int], threshold: float) -> None:
         self.cfg, self.system = cfg, system
@@ -60,10 +52,10 @@ class LongTermController:
         self.buf[self.count % self.cfg.window] = incremental_len
         self.count += 1
 
-    def observe_link(self, goodput_bps: float, now: float) -> None:
-        """Measured link bandwidth (bits/s); 0 = unknown, keep the last value."""
-        if goodput_bps > 0:
-            self.link_Bps = goodput_bps / 8
+    def observe_link(self, link_bps: float, now: float) -> None:
+        """Measured link drain rate (bits/s); 0 = unknown, keep the last value."""
+        if link_bps > 0:
+            self.link_Bps = link_bps / 8
 
     def resize(self, split: tuple[int, int]) -> None:
         """The local split changed (an actuator moved a server): the next threshold is optimised for it."""
@@ -88,5 +80,5 @@ class LongTermController:
         new = min(max(t_target, lo), hi)
         self.threshold = max(new, 1.0)
         reason = "converged" if new == t_target else "step_limited"
-        return ControllerUpdate(int(round(self.threshold)), rec, reason, int(round(t_target)), target.lam,
-                                target.bound, target.split.p)
+        optimum = PlannerOptimum(int(round(t_target)), target.lam, target.bound, target.split.p)
+        return ControllerUpdate(int(round(self.threshold)), rec, reason, optimum)

@@ -1,46 +1,47 @@
 """Builds the long-term controller named by ``--controller`` (router/controller.py, planner helper), and
 closes its loop: ``ActingController`` turns recommended splits into actuator actions.
 
-Kept apart so the router runs, unchanged, whether or not the planner's controller is installed.
+Both sides are typed: the controller is router/controller_api.py's ``Controller``, the actuator
+router/actuators/base.py's ``Actuator``; nothing here asks an object what it has.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import time
-from typing import Any
+from typing import Callable, Protocol
 
-from .actuators.base import Action, Actuator, Split
+from .actuators.base import Action, Actuator, Report, Split
 from .actuators.decide import DecideConfig, SplitDecider, bounded
+from .cluster import Cluster
 from .config import RouterConfig
+from .controller import ControllerConfig, LongTermController
+from .controller_api import Controller, ControllerUpdate
+from .metrics import RouterMetrics
+from .planner.scenario import load_scenario
 
 log = logging.getLogger(__name__)
 
+# Builds the actuator for a router's cluster; ``Report`` is the callback for the end of a background action.
+ActuatorFactory = Callable[[Cluster, Report], Actuator]
 
-def build_controller(cfg: RouterConfig) -> Any:
-    """Return a controller with ``observe(l, now)`` / ``maybe_update(now)``, or None.
+
+def build_controller(cfg: RouterConfig) -> Controller | None:
+    """The controller ``--controller`` names, or None.
 
     The planner's throughput model comes from ``--controller-scenario``; the current split is what this
     router was started with (local prefill instances, decode instances) and t starts at ``--threshold``.
     """
     if cfg.controller == "none":
         return None
-    try:
-        ctl = importlib.import_module("prfaas_sgl.router.controller")
-        scenario = importlib.import_module("prfaas_sgl.router.planner.scenario")
-    except ImportError as e:
-        log.error("--controller planner: router/controller.py is not importable (%s); running without", e)
-        return None
-    system = scenario.load_scenario(cfg.controller_scenario).system
-    ccfg = ctl.ControllerConfig(interval_s=cfg.controller_interval_s)
-    return ctl.LongTermController(ccfg, system, (len(cfg.local_prefill), len(cfg.decode)),
-                                  cfg.policy_params.threshold)
+    system = load_scenario(cfg.controller_scenario).system
+    ccfg = ControllerConfig(interval_s=cfg.controller_interval_s)
+    return LongTermController(ccfg, system, (len(cfg.local_prefill), len(cfg.decode)), cfg.policy_params.threshold)
 
 
 class ActingController:
-    """A controller (``observe`` / ``maybe_update``) whose recommended splits reach an actuator.
+    """A ``Controller`` wrapping another, whose recommended splits reach an actuator.
 
     Threshold updates pass through unchanged to the routing core. A recommended split goes through the
     decider (hysteresis, dwell time); a move runs as a task on the router's loop (``apply`` of the
@@ -49,8 +50,8 @@ class ActingController:
     ``prfaas_router_controller_actions_total{actuator,outcome,reason}``.
     """
 
-    def __init__(self, inner: Any, decider: SplitDecider, actuator: Actuator | None = None,
-                 metrics: Any = None) -> None:
+    def __init__(self, inner: Controller, decider: SplitDecider, actuator: Actuator | None = None,
+                 metrics: RouterMetrics | None = None) -> None:
         self.inner, self.decider, self.actuator, self.metrics = inner, decider, actuator, metrics
         self.actions: list[Action] = []  # every action, in order (tests, the demo's table)
         self.action_times: list[float] = []  # unix seconds of each
@@ -59,35 +60,37 @@ class ActingController:
     def observe(self, incremental_len: int, now: float) -> None:
         self.inner.observe(incremental_len, now)
 
-    def observe_link(self, goodput_bps: float, now: float) -> None:
-        if hasattr(self.inner, "observe_link"):
-            self.inner.observe_link(goodput_bps, now)
+    def observe_link(self, link_bps: float, now: float) -> None:
+        self.inner.observe_link(link_bps, now)
 
-    def maybe_update(self, now: float) -> Any:
+    def resize(self, split: tuple[int, int]) -> None:
+        self.inner.resize(split)
+
+    def maybe_update(self, now: float) -> ControllerUpdate | None:
         upd = self.inner.maybe_update(now)
-        rec = getattr(upd, "recommended_split", None)
-        if rec is None or self.actuator is None:
+        if upd is None or self.actuator is None:
             return upd
+        rec = upd.recommended_split
         current = self.actuator.current()
-        move = self.decider.offer(current, bounded(tuple(rec)), now)
+        move = self.decider.offer(current, bounded(rec), now)
         if move is None:
             if self.decider.held:
-                log.info("split %s/%s kept (recommended %s): %s", current.prefill, current.decode, tuple(rec),
+                log.info("split %s/%s kept (recommended %s): %s", current.prefill, current.decode, rec,
                          self.decider.held)
             return upd
         log.info("split move %s -> %s (%s): %s", current, move.target, move.reason, move.detail)
-        task = asyncio.get_running_loop().create_task(self._apply(move.target, move.reason))
+        task = asyncio.get_running_loop().create_task(self._apply(self.actuator, move.target, move.reason))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return upd
 
-    async def _apply(self, target: Split, reason: str) -> None:
+    async def _apply(self, actuator: Actuator, target: Split, reason: str) -> None:
         try:
-            action = await self.actuator.apply(target, reason)
+            action = await actuator.apply(target, reason)
         except Exception as e:  # noqa: BLE001 - an actuator bug must not take the controller loop down
-            log.exception("actuator %s failed", getattr(self.actuator, "name", "?"))
-            current = self.actuator.current()
-            action = Action(getattr(self.actuator, "name", "?"), current, current, reason, "failed", repr(e))
+            log.exception("actuator %s failed", actuator.name)
+            current = actuator.current()
+            action = Action(actuator.name, current, current, reason, "failed", repr(e))
         self.record(action)
 
     def record(self, action: Action) -> None:
@@ -96,7 +99,7 @@ class ActingController:
         self.action_times.append(time.time())
         if action.outcome in ("refused", "failed"):
             self.decider.failed()
-        if action.outcome in ("applied", "failed") and hasattr(self.inner, "resize"):
+        if action.outcome in ("applied", "failed"):
             current = self.actuator.current() if self.actuator is not None else action.after
             self.inner.resize((current.prefill, current.decode))
         level = logging.WARNING if action.outcome == "failed" else logging.INFO
@@ -107,18 +110,30 @@ class ActingController:
             self.metrics.controller_actions.labels(action.actuator, action.outcome, action.reason).inc()
 
 
-def close_loop(router: Any, actuator_factory: Any, decide: DecideConfig = DecideConfig()) -> ActingController:
+class _Core(Protocol):
+    controller: Controller | None
+
+
+class LoopRouter(Protocol):
+    """What ``close_loop`` uses of a router (router/app.py ``Router``)."""
+
+    core: _Core
+    cluster: Cluster
+    metrics: RouterMetrics
+
+
+def close_loop(router: LoopRouter, actuator_factory: ActuatorFactory,
+               decide: DecideConfig = DecideConfig()) -> ActingController:
     """Wrap ``router``'s controller (it must have one: the controller loop only runs then) in an
     ``ActingController``; ``actuator_factory(cluster, report)`` builds the actuator, ``report`` being the
     callback for the end of a background action."""
     if router.core.controller is None:
         raise ValueError("close_loop: start the router with a controller (--controller planner or controller=...)")
     acting = ActingController(router.core.controller, SplitDecider(decide), None, router.metrics)
-    acting.actuator = actuator_factory(router.cluster, acting.record)
+    actuator = acting.actuator = actuator_factory(router.cluster, acting.record)
     # The planner was sized from the router's server lists at start-up; the actuator knows what really runs
     # (k8s: the StatefulSets' replicas may differ from the lists), so the first threshold fits that split.
-    if hasattr(acting.inner, "resize"):
-        current = acting.actuator.current()
-        acting.inner.resize((current.prefill, current.decode))
+    current = actuator.current()
+    acting.inner.resize((current.prefill, current.decode))
     router.core.controller = acting
     return acting

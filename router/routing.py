@@ -10,24 +10,17 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 from .cluster import Cluster
 from .config import RouterConfig
+from .controller_api import Controller, ControllerUpdate, checked
 from .metrics import RouterMetrics
 from .cost import ModelCost
 from .forward import LinkShare
 from .policy import Decision, RoutingPolicy, local_fallback, make_policy
 
 log = logging.getLogger(__name__)
-
-
-class Controller(Protocol):
-    """The long-timescale controller (router/controller.py; the policy's contract is in router/policy.py)."""
-
-    def observe(self, incremental_len: int, now: float) -> None: ...
-
-    def maybe_update(self, now: float) -> Any: ...  # ControllerUpdate(threshold, recommended_split, reason)
 
 
 def model_cost(cfg: RouterConfig) -> ModelCost:
@@ -110,22 +103,22 @@ class RoutingCore:
         """Called on a timer; applies a controller update to the policy and logs why."""
         if self.controller is None:
             return
-        observe_link = getattr(self.controller, "observe_link", None)
-        if observe_link is not None and self.cluster.link.stats_ok:  # the drain rate, not an idle link's goodput
-            observe_link(self.cluster.link.view(time.monotonic()).drain_bps(), now)
+        if self.cluster.link.stats_ok:  # the drain rate, not an idle link's goodput
+            self.controller.observe_link(self.cluster.link.view(time.monotonic()).drain_bps(), now)
         upd = self.controller.maybe_update(now)
-        if upd is None:
-            return
-        split = getattr(upd, "recommended_split", None)
-        if split is not None:
-            self.recommended_split = _split_dict(split)
-            for role, n in self.recommended_split.items():
-                self.metrics.split.labels(role).set(n)
-        if getattr(upd, "offload_fraction", None) is not None:
-            self.metrics.planner_offload.set(upd.offload_fraction)
-        detail = {k: getattr(upd, k) for k in ("target_threshold", "lambda_max", "bound") if hasattr(upd, k)}
-        self.last_update_reason = f"{getattr(upd, 'reason', '')} {detail} split={self.recommended_split}"
-        self.set_routing({"threshold": int(upd.threshold)}, why=f"controller: {self.last_update_reason}")
+        if upd is not None:
+            self._apply_update(checked(upd))
+
+    def _apply_update(self, upd: ControllerUpdate) -> None:
+        self.recommended_split = upd.by_role()
+        for role, n in self.recommended_split.items():
+            self.metrics.split.labels(role).set(n)
+        detail: dict[str, int | float | str] = {}
+        if upd.optimum is not None:
+            self.metrics.planner_offload.set(upd.optimum.offload_fraction)
+            detail = upd.optimum.detail()
+        self.last_update_reason = f"{upd.reason} {detail} split={self.recommended_split}"
+        self.set_routing({"threshold": upd.threshold}, why=f"controller: {self.last_update_reason}")
 
     # ------------------------------------------------------------ admin
 
@@ -157,12 +150,3 @@ class RoutingCore:
         if diff:
             log.info("routing changed %s because %s", diff, why)
         return after
-
-
-def _split_dict(split: Any) -> dict[str, int]:
-    if isinstance(split, dict):
-        return {str(k): int(v) for k, v in split.items()}
-    if dataclasses.is_dataclass(split):
-        return {k: int(v) for k, v in dataclasses.asdict(split).items()}
-    n_p, n_d = split  # contract: (n_local_prefill, n_decode)
-    return {"local_prefill": int(n_p), "decode": int(n_d)}

@@ -19,12 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Protocol
+from typing import Protocol
 
 from ..cluster import Cluster, Instance
 from ..config import InstanceSpec
 from ..policy import Pool
-from .base import Action, Split
+from .base import Action, Report, Split
 from .decide import direction
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class ServerControl(Protocol):
 class ProcessesActuator:
     name = "processes"
 
-    def __init__(self, cluster: Cluster, control: ServerControl, report: Callable[[Action], None] | None = None,
+    def __init__(self, cluster: Cluster, control: ServerControl, report: Report | None = None,
                  drain_timeout_s: float = 120.0, poll_s: float = 0.2) -> None:
         self.cluster, self.control, self.report = cluster, control, report
         self.drain_timeout_s, self.poll_s = drain_timeout_s, poll_s

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 import pytest
 from prometheus_client import generate_latest
@@ -12,6 +11,7 @@ from prfaas_sgl.router.actuators.base import Action, Split
 from prfaas_sgl.router.actuators.decide import DecideConfig, SplitDecider
 from prfaas_sgl.router.controller_glue import ActingController
 from prfaas_sgl.router.metrics import RouterMetrics
+from tests.support.scripted_controller import Recommends
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -54,26 +54,6 @@ def test_a_failed_move_restarts_the_streak():
     assert d.offer(Split(3, 5), Split(2, 6), 60.0) is None
 
 
-@dataclass
-class Upd:
-    threshold: int
-    recommended_split: tuple[int, int]
-    reason: str = "converged"
-
-
-class ScriptedController:
-    def __init__(self, split: tuple[int, int]) -> None:
-        self.split, self.rec = split, split
-
-    def observe(self, incremental_len: int, now: float) -> None: ...
-
-    def maybe_update(self, now: float) -> Upd:
-        return Upd(100, self.rec)
-
-    def resize(self, split: tuple[int, int]) -> None:
-        self.split = split
-
-
 class FakeActuator:
     name = "fake"
 
@@ -93,7 +73,7 @@ class FakeActuator:
 
 def test_acting_controller_logs_counts_and_resizes(caplog):
     async def body():
-        inner, act, metrics = ScriptedController((3, 5)), FakeActuator(Split(3, 5)), RouterMetrics()
+        inner, act, metrics = Recommends((3, 5), 100, (3, 5)), FakeActuator(Split(3, 5)), RouterMetrics()
         ctl = ActingController(inner, SplitDecider(DecideConfig(confirm=2, dwell_s=300)), act, metrics)
         inner.rec = (2, 6)
         caplog.set_level("INFO", logger="prfaas_sgl.router.controller_glue")
@@ -112,7 +92,7 @@ def test_acting_controller_logs_counts_and_resizes(caplog):
 
 def test_refused_action_is_counted_and_not_retried_at_once():
     async def body():
-        inner, act, metrics = ScriptedController((3, 5)), FakeActuator(Split(3, 5), "refused"), RouterMetrics()
+        inner, act, metrics = Recommends((3, 5), 100, (3, 5)), FakeActuator(Split(3, 5), "refused"), RouterMetrics()
         ctl = ActingController(inner, SplitDecider(DecideConfig(confirm=1, dwell_s=0)), act, metrics)
         inner.rec = (4, 4)
         ctl.maybe_update(1.0)

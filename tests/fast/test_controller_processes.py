@@ -11,13 +11,14 @@ from typing import AsyncIterator
 import aiohttp
 import pytest
 
-from prfaas_sgl.router.actuators.base import Split
+from prfaas_sgl.router.actuators.base import Action, Split
 from prfaas_sgl.router.actuators.decide import DecideConfig
 from prfaas_sgl.router.actuators.processes import ProcessesActuator
 from prfaas_sgl.router.app import RouterHandle, start_router
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
 from prfaas_sgl.router.controller_glue import close_loop
 from tests.support.router_standin import RoomBoard, Standin, build_tiny_tokenizer
+from tests.support.scripted_controller import Recommends
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -161,23 +162,6 @@ def test_never_empties_a_pool(tmp_path):
     asyncio.run(body())
 
 
-@dataclass
-class Upd:
-    threshold: int
-    recommended_split: tuple[int, int]
-    reason: str = "converged"
-
-
-class Recommends:
-    def __init__(self, rec: tuple[int, int]) -> None:
-        self.rec = rec
-
-    def observe(self, incremental_len: int, now: float) -> None: ...
-
-    def maybe_update(self, now: float) -> Upd:
-        return Upd(32, self.rec)
-
-
 def test_closed_loop_from_controller_tick_to_metrics(tmp_path):
     async def body():
         async with rig(tmp_path) as r:
@@ -200,18 +184,9 @@ def test_closed_loop_from_controller_tick_to_metrics(tmp_path):
     asyncio.run(body())
 
 
-class Sized(Recommends):
-    """A controller that records the split it is sized for (the planner's ``resize``)."""
-
-    def __init__(self, rec: tuple[int, int]) -> None:
-        super().__init__(rec)
-        self.split: tuple[int, int] | None = None
-
-    def resize(self, split: tuple[int, int]) -> None:
-        self.split = split
-
-
 class FixedActuator:
+    """Runs a split it never moves."""
+
     name = "fixed"
 
     def __init__(self, split: Split) -> None:
@@ -220,12 +195,15 @@ class FixedActuator:
     def current(self) -> Split:
         return self.split
 
+    async def apply(self, target: Split, reason: str) -> Action:
+        return Action(self.name, self.split, self.split, reason, "refused", "fixed")
+
 
 def test_close_loop_sizes_the_planner_from_what_the_actuator_runs(tmp_path):
     async def body():
         async with rig(tmp_path) as r:
             router = r.router.router
-            inner = router.core.controller = Sized((1, 2))
+            inner = router.core.controller = Recommends((1, 2))
             close_loop(router, lambda cluster, report: FixedActuator(Split(3, 4)))
             assert inner.split == (3, 4)  # not the router's lists: what the actuator says runs
     asyncio.run(body())

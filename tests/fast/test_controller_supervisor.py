@@ -22,27 +22,11 @@ from prfaas_sgl.router.app import RouterHandle, start_router
 from prfaas_sgl.router.config import RouterConfig, parse_supervisor_urls
 from prfaas_sgl.router.controller_glue import close_loop
 from tests.support.router_standin import build_tiny_tokenizer
+from tests.support.scripted_controller import Recommends
 from tests.support.standin_process import StandinProcesses
 
 pytestmark = pytest.mark.timeout(120)
 TOKEN = "s3cret-token-of-at-least-32-bytes"
-
-
-@dataclass
-class Upd:
-    threshold: int
-    recommended_split: tuple[int, int]
-    reason: str = "converged"
-
-
-class Recommends:
-    def __init__(self, rec: tuple[int, int]) -> None:
-        self.rec = rec
-
-    def observe(self, incremental_len: int, now: float) -> None: ...
-
-    def maybe_update(self, now: float) -> Upd:
-        return Upd(32, self.rec)
 
 
 @dataclass

@@ -13,8 +13,10 @@ import pytest
 
 from prfaas_sgl.router.app import RouterHandle, start_router
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
+from prfaas_sgl.router.controller_api import ControllerUpdate
 from prfaas_sgl.router.requests import parse_raw
 from tests.support.router_standin import RoomBoard, Standin, build_tiny_tokenizer
+from tests.support.scripted_controller import Recommends
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -201,28 +203,17 @@ def test_openai_client_streams_chat(tmp_path):
     run(body())
 
 
-@dataclass
-class FakeUpdate:
-    threshold: int
-    recommended_split: tuple[int, int]
-    reason: str
+class FakeController(Recommends):
+    """Recommends t = 7 and 2/5 once it has seen two requests."""
 
-
-class FakeController:
-    def __init__(self) -> None:
-        self.seen: list[int] = []
-
-    def observe(self, incremental_len: int, now: float) -> None:
-        self.seen.append(incremental_len)
-
-    def maybe_update(self, now: float) -> FakeUpdate | None:
-        return FakeUpdate(7, (2, 5), "converged") if len(self.seen) >= 2 else None
+    def maybe_update(self, now: float) -> ControllerUpdate | None:
+        return super().maybe_update(now) if len(self.seen) >= 2 else None
 
 
 def test_controller_observes_and_moves_threshold(tmp_path, caplog):
     async def body():
         async with rig(tmp_path) as r:
-            ctl = r.router.router.core.controller = FakeController()
+            ctl = r.router.router.core.controller = FakeController((2, 5), threshold=7)
             core = r.router.router.core
             await r.post("/generate", {"input_ids": list(range(20)), "sampling_params": {"max_new_tokens": 1}})
             core.controller_tick(1.0)

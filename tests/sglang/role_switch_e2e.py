@@ -15,7 +15,6 @@ import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import pytest
 
@@ -28,6 +27,7 @@ from prfaas_sgl.router.controller_glue import close_loop
 from prfaas_sgl.tools.deploy.supervisor import Supervisor
 from prfaas_sgl.tools.launch import free_port
 from prfaas_sgl.tools.server_control import LaunchedServers
+from tests.support.scripted_controller import Recommends
 
 from .conftest import HYBRID, farm_for, spec
 from .live_router import running_router
@@ -47,25 +47,6 @@ def _specs(log_dir):
 
 
 farm = farm_for(_specs)
-
-
-@dataclass
-class Upd:
-    threshold: int
-    recommended_split: tuple[int, int]
-    reason: str = "converged"
-
-
-@dataclass
-class Recommends:
-    """Stands in for the planner controller: the test is about acting, not about the recommendation."""
-
-    split: tuple[int, int]
-
-    def observe(self, incremental_len: int, now: float) -> None: ...
-
-    def maybe_update(self, now: float) -> Upd:
-        return Upd(8192, self.split)
 
 
 TOKEN = "role-switch-e2e-token-of-32-bytes-at-least"
@@ -123,7 +104,7 @@ def test_switch_under_load_loses_no_request(farm, model_paths, supervisor_url, k
         router = handle.router
 
         def wire():
-            router.core.controller = Recommends(target)
+            router.core.controller = Recommends(target, 8192)  # the test is about acting
             return close_loop(router, _actuator(kind, farm, supervisor_url), DecideConfig(confirm=1))
 
         acting = on_loop(loop, wire)

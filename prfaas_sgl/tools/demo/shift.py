@@ -9,8 +9,9 @@ after the recommendation — hysteresis, the processes actuator, logging and /me
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
+
+from prfaas_sgl.router.controller_api import ControllerUpdate
 
 # (label, BenchConfig overrides, requests as a multiple of --sessions)
 PARTS = (
@@ -20,16 +21,10 @@ PARTS = (
 )
 
 
-@dataclass
-class Recommendation:
-    threshold: int
-    recommended_split: tuple[int, int]  # (local prefill, decode)
-    reason: str = "length_rule"
-
-
 class LengthRule:
-    """Recommends 2 local prefill / 1 decode while the last ``window`` prompts average more than ``long_tokens``
-    uncached tokens, 1/2 below ``short_tokens``, else the split it was given. Silent until ``active``."""
+    """A ``Controller`` (router/controller_api.py): recommends 2 local prefill / 1 decode while the last
+    ``window`` prompts average more than ``long_tokens`` uncached tokens, 1/2 below ``short_tokens``, else the
+    split it was given. Silent until ``active``."""
 
     def __init__(self, split: tuple[int, int], threshold: int, long_tokens: int = 250, short_tokens: int = 150,
                  window: int = 8) -> None:
@@ -41,13 +36,15 @@ class LengthRule:
     def observe(self, incremental_len: int, now: float) -> None:
         self.recent.append(incremental_len)
 
-    def maybe_update(self, now: float) -> Recommendation | None:
+    def observe_link(self, link_bps: float, now: float) -> None: ...  # the rule has no link model
+
+    def maybe_update(self, now: float) -> ControllerUpdate | None:
         if not self.active or len(self.recent) < self.recent.maxlen:
             return None
         mean = sum(self.recent) / len(self.recent)
         n = sum(self.split)
         rec = (n - 1, 1) if mean > self.long_tokens else (1, n - 1) if mean < self.short_tokens else self.split
-        return Recommendation(self.threshold, rec)
+        return ControllerUpdate(self.threshold, rec, "length_rule")
 
     def resize(self, split: tuple[int, int]) -> None:
         self.split = split
