@@ -73,7 +73,7 @@ def test_layout_per_datacenter_and_gpus(gpu):
                         "local/40-networkpolicy.yaml"}  # prfaas_zmq on GPUs: CURVE keys on both sides
     remote = find(gpu, "StatefulSet", "prfaas-prefill", "remote")
     assert remote["spec"]["replicas"] == 2 and remote["metadata"]["namespace"] == "prfaas-remote"
-    assert remote["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8}
+    assert remote["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
     nodes = remote["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
     assert nodes == ["remote-a", "remote-b"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from prfaas_sgl.tools.deploy.config import public_router_fields
 from prfaas_sgl.tools.deploy.k8s.keys import ADMIN_KEY, ADMIN_SECRET
-from prfaas_sgl.tools.deploy.k8s.servers import MODEL_CACHE, SECURITY, labels, probes, selector, volumes
+from prfaas_sgl.tools.deploy.k8s import pods
+from prfaas_sgl.tools.deploy.k8s.servers import MODEL_CACHE, labels, probes, selector, volumes
 from prfaas_sgl.tools.deploy.k8s.topology import LOCAL, Model, Role, Topology
 from prfaas_sgl.router.config import ADMIN_TOKEN_ENV
 
@@ -67,18 +68,21 @@ def deployment(topo: Topology, model: Model) -> dict:
     mounts = [m for m in mounts if m["name"] != "dshm"] + [{"name": "config", "mountPath": CONFIG_DIR,
                                                             "readOnly": True}]
     env = [{"name": ADMIN_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": ADMIN_SECRET, "key": ADMIN_KEY}}},
-           {"name": "PRFAAS_K8S_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+           {"name": "PRFAAS_K8S_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+           *pods.writable_env()]
     if model.tiny:
         env.append({"name": "PRFAAS_MODEL_CACHE", "value": MODEL_CACHE})
     container = {"name": "router", "image": topo.image, "command": _command(model), "env": env,
                  "ports": [{"name": "http", "containerPort": router_port(topo)}], "volumeMounts": mounts,
-                 "securityContext": SECURITY, **probes("http", startup_s=300)}
+                 "securityContext": pods.CONTAINER_SECURITY,
+                 "resources": pods.resources(topo.dep.k8s, "router", topo.dep.device), **probes("http", startup_s=300)}
     meta = labels("router", NAME, LOCAL)
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": NAME, "namespace": ns, "labels": meta},
             "spec": {"replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": selector(NAME)},
                      "template": {"metadata": {"labels": meta},
-                                  "spec": {"serviceAccountName": NAME, "containers": [container],
+                                  "spec": {"securityContext": pods.pod_security(topo.dep.k8s),
+                                           "serviceAccountName": NAME, "containers": [container],
                                            "volumes": vols}}}}
 
 

@@ -8,7 +8,8 @@ for its siblings' ordering.
 """
 from __future__ import annotations
 
-from prfaas_sgl.tools.deploy.k8s.topology import Model, Role, Topology
+from prfaas_sgl.tools.deploy.k8s import pods
+from prfaas_sgl.tools.deploy.k8s.topology import Model, Role, Topology, host_path_model
 from prfaas_sgl.tools.launch import ServerSpec, server_args
 
 POD_IP = "$(POD_IP)"  # expanded by the kubelet from the env var of the same name
@@ -56,7 +57,8 @@ def server_env(topo: Topology, model: Model) -> list[dict]:
     """`prfaas_sgl.tools.launch.server_env` for a pod: SGLANG_HOST_IP (the address a PD peer is told) is the
     pod IP."""
     env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-           {"name": "SGLANG_HOST_IP", "value": POD_IP}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
+           {"name": "SGLANG_HOST_IP", "value": POD_IP}, {"name": "PYTHONUNBUFFERED", "value": "1"},
+           *pods.writable_env()]
     if model.tiny:
         env.append({"name": "PRFAAS_MODEL_CACHE", "value": MODEL_CACHE})
     if topo.dep.device == "cpu":
@@ -85,30 +87,28 @@ def keys_mount(topo: Topology, role: Role) -> str | None:
 
 
 def volumes(topo: Topology, role: Role | None, model: Model, keys_secret: str | None) -> tuple[list, list]:
-    """(volumes, volumeMounts): shared memory, the model, and (servers) the role's key Secret."""
-    vols = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    """(volumes, volumeMounts): shared memory, the writable directories of a read-only root, the model, and
+    (servers) the role's key Secret."""
+    vols, mounts = pods.writable_volumes()
+    vols.insert(0, {"name": "dshm", "emptyDir": {"medium": "Memory"}})
+    mounts.insert(0, {"name": "dshm", "mountPath": "/dev/shm"})
     if model.tiny:
         vols.append({"name": "model", "emptyDir": {}})
         mounts.append({"name": "model", "mountPath": MODEL_CACHE})
     else:
-        pvc = topo.dep.k8s.get("model_pvc")
-        src = ({"persistentVolumeClaim": {"claimName": pvc, "readOnly": True}} if pvc
-               else {"hostPath": {"path": model.name, "type": "Directory"}})
+        src = ({"hostPath": {"path": model.name, "type": "Directory"}} if host_path_model(topo.dep)
+               else {"persistentVolumeClaim": {"claimName": topo.dep.k8s["model_pvc"], "readOnly": True}})
         vols.append({"name": "model", **src})
         mounts.append({"name": "model", "mountPath": model.name, "readOnly": True})
     path = keys_mount(topo, role) if role else None
     if path and keys_secret:
         from prfaas_sgl.tools.deploy.k8s.keys import secret_items
 
-        vols.append({"name": "curve-keys", "secret": {"secretName": keys_secret, "defaultMode": 0o400,
+        # 0440: root-owned files the pod's user reads through fsGroup (the kubelet grants the group read anyway)
+        vols.append({"name": "curve-keys", "secret": {"secretName": keys_secret, "defaultMode": 0o440,
                                                       "items": secret_items(role.mode)}})
         mounts.append({"name": "curve-keys", "mountPath": path, "readOnly": True})
     return vols, mounts
-
-
-SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def probes(port: str, startup_s: int) -> dict:
@@ -126,12 +126,14 @@ def statefulset(topo: Topology, role: Role, model: Model, keys_secret: str | Non
     vols, mounts = volumes(topo, role, model, keys_secret)
     container = {
         "name": "sglang", "image": topo.image, "command": command, "args": args, "env": server_env(topo, model),
-        "ports": container_ports(topo, role), "volumeMounts": mounts, "securityContext": SECURITY,
+        "ports": container_ports(topo, role), "volumeMounts": mounts, "securityContext": pods.CONTAINER_SECURITY,
+        "resources": pods.resources(topo.dep.k8s, role.pool, topo.dep.device),
         **probes("http", startup_s=1800),  # loading a large model: up to 30 min
     }
     if topo.dep.device == "cuda":
-        container["resources"] = {"limits": {"nvidia.com/gpu": role.gpus}}
+        container["resources"]["limits"]["nvidia.com/gpu"] = role.gpus
     pod = {
+        "securityContext": pods.pod_security(topo.dep.k8s),
         "automountServiceAccountToken": False,  # servers never call the Kubernetes API
         "terminationGracePeriodSeconds": 120,  # SIGTERM: SGLang finishes what it can; the router drops it
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [

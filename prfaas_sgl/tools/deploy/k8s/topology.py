@@ -6,8 +6,13 @@ and sends them their decode stream). No file field is needed for it. The optiona
 
     [k8s]
     image = "registry.example/prfaas-sgl:0.1.0"   # an image with prfaas-sgl[sglang] installed
-    model_pvc = "models"        # mount this PVC at the model path (default: the node's directory, read-only)
+    model_pvc = "models"        # mount this PVC, read-only, at the model path (a model directory needs it)
+    model_host_path = false     # true: mount the node's directory instead (hostPath; Pod Security
+                                # 'baseline' and 'restricted' refuse it, so the namespaces get no
+                                # 'restricted' label)
     namespaces = { remote = "prfaas-remote", local = "prfaas-local" }
+    render_secrets = true       # false: no 10-secrets.yaml; create its Secrets from a sealed or external store
+    run_as_user = 1000, [k8s.resources.POOL]: see pods.py
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ DEFAULT_IMAGE = "prfaas-sgl:0.1.0"
 DEFAULT_DATA_PORT = 17000  # decode's prfaas_zmq data port when the file leaves it to the OS (0): a
 #                            NetworkPolicy can only open a port it knows
 ZMQ_CONTROL_PORTS = (49152, 65535)  # SGLang binds its PD control sockets with zmq's bind_to_random_port
-K8S_KEYS = {"image", "model_pvc", "namespaces"}
+K8S_KEYS = {"image", "model_pvc", "model_host_path", "namespaces", "render_secrets", "run_as_user", "resources"}
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,10 @@ def topology(dep: Deployment) -> Topology:
     unknown = set(dep.k8s) - K8S_KEYS
     if unknown:
         raise ValueError(f"[k8s]: unknown keys {sorted(unknown)}; known: {sorted(K8S_KEYS)}")
+    for key in ("model_host_path", "render_secrets"):
+        if not isinstance(dep.k8s.get(key, False), bool):
+            raise ValueError(f"[k8s] {key} must be true or false, got {dep.k8s[key]!r}")
+    _check_model_volume(dep)
     namespaces = {REMOTE: "prfaas-remote", LOCAL: "prfaas-local", **dep.k8s.get("namespaces", {})}
     local = [s for s in dep.servers if DC_OF_POOL[s.pool] == LOCAL]
     roles = []
@@ -92,6 +101,22 @@ def topology(dep: Deployment) -> Topology:
             peers = local if dc == LOCAL else servers  # local servers may take either local role
             roles.append(_role(dep, pool, servers, namespaces[dc], peers))
     return Topology(dep, tuple(roles), namespaces, dep.k8s.get("image", DEFAULT_IMAGE))
+
+
+def _check_model_volume(dep: Deployment) -> None:
+    """A model directory comes from a PVC; a node's directory (hostPath) only when the file says so."""
+    pvc, host = dep.k8s.get("model_pvc"), dep.k8s.get("model_host_path", False)
+    if dep.model.startswith("tiny:") or bool(pvc) != host:
+        return
+    if pvc:
+        raise ValueError("[k8s]: model_pvc and model_host_path = true contradict each other: give one")
+    raise ValueError(f"deployment.model {dep.model!r} is a directory: on Kubernetes set [k8s] model_pvc = CLAIM (a "
+                     "PersistentVolumeClaim holding it, mounted read-only), or model_host_path = true to mount the "
+                     "node's directory (hostPath, refused by Pod Security 'baseline' and 'restricted')")
+
+
+def host_path_model(dep: Deployment) -> bool:
+    return not dep.model.startswith("tiny:") and dep.k8s.get("model_host_path", False)
 
 
 def _role(dep: Deployment, pool: str, servers: list[ServerEntry], namespace: str, peers: list[ServerEntry]) -> Role:
