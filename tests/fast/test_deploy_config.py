@@ -41,7 +41,7 @@ def test_gpu_server_gets_no_cpu_flags():
     args = server_args(spec)
     assert "--device" not in args and "torch_native" not in args
     assert args[args.index("--disaggregation-mode") + 1] == "prefill"
-    assert args[args.index("--disaggregation-transfer-backend") + 1] == "prfaas_zmq"  # GPU KV since issue 13
+    assert args[args.index("--disaggregation-transfer-backend") + 1] == "prfaas_zmq"  # its staged path moves GPU KV
     assert args[args.index("--disaggregation-bootstrap-port") + 1] == "8998"
     assert "--tp-size" in args and args[-2:] == ["--prfaas-role", "remote"]
 
@@ -54,11 +54,11 @@ def test_gpu_server_gets_no_cpu_flags():
     (lambda r: r["deployment"].update(device="tpu"), "deployment.device"),
     (lambda r: r.update(servers=[s for s in r["servers"] if s["pool"] != "decode"]), "pool = 'decode'"),
     (lambda r: r["servers"][1].update(name="prfaas-0"), "duplicate names"),
-    # M7 (issue 12): a backend × device SGLang refuses at start-up is refused when the file is read
-    # (prfaas_zmq itself runs on cuda since issue 13)
+    # a backend × device SGLang refuses at start-up is refused when the file is read
+    # (prfaas_zmq itself runs on cuda too)
     (lambda r: r["deployment"].update(transfer_backend="nixl", device="cpu"), "'nixl' runs on device 'cuda'"),
     (lambda r: r["deployment"].update(transfer_backend="tcp"), "deployment.transfer_backend must be one of"),
-    # M3 (issue 12): a routable prfaas_zmq server without keys or an explicit --prfaas-zmq-insecure
+    # a routable prfaas_zmq server without keys or an explicit --prfaas-zmq-insecure
     (lambda r: r["deployment"].update(server_args=["--page-size", "64"]), r"servers\[prfaas-0\].*keys"),
 ])
 def test_bad_files_name_the_field(mutate, message):
@@ -73,7 +73,7 @@ def test_bad_files_name_the_field(mutate, message):
 
 
 def test_example_parses_and_defaults_match_the_device():
-    """M7 (issue 12): the documented file must pass the checks its servers run at start-up."""
+    """The documented file must pass the checks its servers run at start-up."""
     dep = config.load(EXAMPLE)
     assert (dep.device, dep.transfer_backend) == ("cuda", "prfaas_zmq")
     assert config.parse({"deployment": {"model": "m", "device": "cpu"}, "servers": [

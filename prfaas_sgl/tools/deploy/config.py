@@ -40,7 +40,7 @@ DEVICES = ("cpu", "cuda")
 DEFAULT_BACKEND = {"cpu": "prfaas_zmq", "cuda": "prfaas_zmq"}
 # Which --disaggregation-transfer-backend runs on which --device (checked when the file is read, so a
 # combination SGLang or our backend refuses at start-up fails on every machine before anything starts).
-# prfaas_zmq: host memory or CUDA pools through its staged path (issue 13); mooncake: CUDA, or CPU with
+# prfaas_zmq: host memory or CUDA pools through its staged path; mooncake: CUDA, or CPU with
 # mooncake-transfer-engine-non-cuda; nixl and mori: GPUs only.
 BACKEND_DEVICES = {"prfaas_zmq": ("cpu", "cuda"), "mooncake": ("cpu", "cuda"), "nixl": ("cuda",),
                    "mori": ("cuda",), "fake": ("cpu", "cuda")}
