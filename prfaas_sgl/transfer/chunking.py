@@ -73,6 +73,15 @@ class Coverage:
             return True
         return i + 1 < len(self.starts) and self.starts[i + 1] < end
 
+    def __len__(self) -> int:
+        """Disjoint intervals: each `add` that joins neither neighbour costs O(len) (a list insert)."""
+        return len(self.starts)
+
+    def isolated(self, start: int, end: int) -> bool:
+        """Adding [start, end) would make a new interval (it touches neither neighbour)."""
+        i = bisect.bisect_right(self.starts, start)
+        return not (i > 0 and self.ends[i - 1] == start) and not (i < len(self.starts) and self.starts[i] == end)
+
     def add(self, start: int, end: int) -> None:
         """Mark [start, end) written; caller checked `not overlaps(start, end)` and start < end."""
         i = bisect.bisect_right(self.starts, start)

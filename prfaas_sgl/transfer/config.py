@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 
 MIB = 1 << 20
+MIN_CHUNK_BYTES = 4096  # smallest chunk_bytes a sender may use: receivers refuse shorter chunks mid-stream
 # CurveZMQ public keys in text form: 32 bytes as 40 Z85 characters
 _Z85 = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#")
 
@@ -24,8 +25,9 @@ class TransferConfig:
     1 Gbit/s tbf link at any chunk size; 1 MiB chunks cost ~0.3 s/GB less CPU than 256 KiB and keep CURVE
     fast; a 128 MiB window rode out scheduling stalls at 5 Gbit/s better than 32 MiB (median 0.95 vs 0.91).
     timeout_s: no-progress deadline of a transfer (seconds). The sender's is refreshed by every send(),
-        OpenAck and Ack of the transfer, and by Acks of others on its link while its own chunks still
-        wait there (oldest-first queueing must not time out the queue). The receiver's (`expect()`'s
+        OpenAck and Ack of the transfer, and by Acks of others on its link while its own messages still
+        wait there, queued or sent behind others' bytes, until its last byte is acknowledged (a queue
+        that moves must not time out; `send_book` says when waiting bytes count as lost). The receiver's (`expect()`'s
         timeout_s, which the decode sets to its waiting timeout + this) by every accepted Open, Chunk
         and Close: it is longer, since Open comes at the sender's first send() but the chunks may queue
         behind other transfers on the link, so the sender, which sees the queue, decides first.
@@ -70,7 +72,7 @@ class TransferConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.connections <= 64:
             raise ValueError(f"connections={self.connections}: use 1..64 TCP connections per peer")
-        if not 4096 <= self.chunk_bytes <= 256 * MIB:
+        if not MIN_CHUNK_BYTES <= self.chunk_bytes <= 256 * MIB:
             raise ValueError(f"chunk_bytes={self.chunk_bytes}: use 4 KiB..256 MiB (1 MiB is a good start)")
         if self.window_bytes < self.chunk_bytes:
             raise ValueError(

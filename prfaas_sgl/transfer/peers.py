@@ -91,6 +91,10 @@ class Link:
         self.stats = stats
         self.window = window
         self.inflight = 0
+        # cumulative chunk bytes handed to ZeroMQ / acknowledged: where a transfer's last message sits in
+        # the link's queue, and whether the acks since have overtaken it (see SendBook.deadline)
+        self.sent_total = 0
+        self.acked_total = 0
         self.blocked = False  # every socket refused the last message; poll for POLLOUT
         self.control: collections.deque[Any] = collections.deque()
         self._work: dict[int, Any] = {}  # transfers with queued jobs, FIFO (dict keeps insertion order)
@@ -104,10 +108,12 @@ class Link:
 
     def on_sent(self, nbytes: int, queued_s: float) -> None:
         self.inflight += nbytes
+        self.sent_total += nbytes
         self.stats.on_send(nbytes, queued_s)
 
     def on_ack(self, nbytes: int, now: float) -> None:
         self.inflight -= nbytes
+        self.acked_total += nbytes
         self.last_progress = now
         self.stats.on_ack(nbytes, now)
 

@@ -34,7 +34,7 @@ from prfaas_sgl.transfer.loop import SocketLoop, make_socket
 from prfaas_sgl.transfer.messages import Abort, Ack, Chunk, Close, Codec, DecodeError, Done, Open, OpenAck
 from prfaas_sgl.transfer.recv_book import InTransfer, RecvBook
 from prfaas_sgl.transfer.recv_checks import (chunk_problem, chunk_size_problem, close_problem, gap_problem,
-                                             max_frame_bytes)
+                                             max_frame_bytes, max_ranges)
 from prfaas_sgl.transfer.recv_gate import From, Gate, session_of
 from prfaas_sgl.transfer.security import secure_server, server_public_key
 from prfaas_sgl.transfer.states import TransferState as S, TransferStatus
@@ -72,6 +72,7 @@ class ZmqReceiver(SocketLoop):
         self._ctx = zmq.Context(io_threads=cfg.io_threads)
         self._sock = make_socket(self._ctx, zmq.ROUTER, cfg)
         self._max_frame = max_frame_bytes(layout, cfg)
+        self._max_ranges = max_ranges(cfg)
         self._sock.setsockopt(zmq.MAXMSGSIZE, self._max_frame)
         # Senders name their connections (link token + index): one that redials while we still hold its
         # half-open old pipe must get the identity, not be refused until that pipe dies. Only the holder
@@ -228,7 +229,7 @@ class ZmqReceiver(SocketLoop):
         if t is None:
             return
         views = [f.buffer for f in data]
-        problem = chunk_problem(t, msg, views)
+        problem = chunk_problem(t, msg, views, self._max_ranges)
         if problem:
             self._book.finish(t, S.FAILED, problem)
             return

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import xxhash
 
-from prfaas_sgl.transfer.config import TransferConfig
+from prfaas_sgl.transfer.chunking import DestStream
+from prfaas_sgl.transfer.config import MIN_CHUNK_BYTES, TransferConfig
+from prfaas_sgl.transfer.items import ItemStream
 from prfaas_sgl.transfer.layout import MemoryLayout
 from prfaas_sgl.transfer.messages import Chunk, Close, Codec, Open
 from prfaas_sgl.transfer.recv_book import InTransfer
@@ -35,8 +37,17 @@ def chunk_size_problem(chunk_bytes: int, frame_limit: int, own_chunk_bytes: int)
             "(--prfaas-zmq-chunk-bytes)")
 
 
-def chunk_problem(t: InTransfer, msg: Chunk, views: list[memoryview]) -> str | None:
-    """Why chunk `msg` (payload `views`) must not be written into `t`, or None."""
+def max_ranges(cfg: TransferConfig) -> int:
+    """Most separate byte ranges one stream may hold while its chunks arrive. A sender sends each stream
+    in order, so every gap below the highest byte received is a chunk still in flight: at most
+    window_bytes / chunk_bytes of full chunks (doubled for the short ones that end each send()). Each
+    range costs every later out-of-order chunk a list insert, so tiny scattered chunks are refused
+    beyond this instead of costing quadratic CPU."""
+    return max(4096, 2 * cfg.window_bytes // cfg.chunk_bytes)
+
+
+def chunk_problem(t: InTransfer, msg: Chunk, views: list[memoryview], ranges: int) -> str | None:
+    """Why chunk `msg` (payload `views`) must not be written into `t`, or None. `ranges`: `max_ranges`."""
     stream = t.streams.get(msg.buffer_id)
     if stream is None:
         return f"chunk {msg.seq} for buffer {msg.buffer_id}, which this transfer has no pages in"
@@ -48,15 +59,41 @@ def chunk_problem(t: InTransfer, msg: Chunk, views: list[memoryview]) -> str | N
         return f"chunk {msg.seq} frames do not add up to its declared {msg.length} bytes"
     if msg.seq in t.seqs:
         return f"chunk {msg.seq} received twice"
-    if stream.covered.overlaps(msg.offset, end):
-        return (f"chunk {msg.seq} bytes [{msg.offset}, {end}) of buffer {msg.buffer_id} overlap bytes "
-                "already received")
+    problem = _placement_problem(stream, msg, end, ranges)
+    if problem:
+        return problem
     h = xxhash.xxh3_64()
     for v in views:
         h.update(v)
     if h.intdigest() != msg.checksum:
         return f"checksum mismatch in chunk {msg.seq} (buffer {msg.buffer_id}, offset {msg.offset})"
     return None
+
+
+def _placement_problem(stream: DestStream | ItemStream, msg: Chunk, end: int, ranges: int) -> str | None:
+    where = f"chunk {msg.seq} bytes [{msg.offset}, {end}) of buffer {msg.buffer_id}"
+    if stream.covered.overlaps(msg.offset, end):
+        return f"{where} overlap bytes already received"
+    if _short(stream, msg.length, end):
+        return (f"{where}: {msg.length} B is shorter than a chunk may be unless it ends an item "
+                f"(minimum {_floor(stream)} B)")
+    if len(stream.covered) >= ranges and stream.covered.isolated(msg.offset, end):
+        return f"{where} would leave more than {ranges} separate ranges received: chunks far out of order"
+    return None
+
+
+def _short(stream: DestStream | ItemStream, length: int, end: int) -> bool:
+    """Shorter than any sender cuts an item stream (the staged path): its chunks are whole stream items
+    or chunk_bytes (>= MIN_CHUNK_BYTES) pieces of one, so only a chunk that ends an item may be shorter
+    than min(MIN_CHUNK_BYTES, item). A byte-region destination says nothing of where a sender's send()s
+    end (a legitimate chunk may end anywhere there), so only the range cap bounds it."""
+    if not isinstance(stream, ItemStream) or length >= _floor(stream):
+        return False
+    return end % stream.stream_len != 0
+
+
+def _floor(stream: ItemStream) -> int:
+    return min(MIN_CHUNK_BYTES, stream.stream_len)
 
 
 def close_problem(t: InTransfer, msg: Close) -> str | None:

@@ -6,7 +6,17 @@ records what it means for each transfer. Statuses live in a `states.StatusTable`
 
 Deadlines: a transfer fails when it makes no progress for its `timeout_s` (see
 `TransferConfig.timeout_s` for what counts), or when it outlives `TransferConfig.cap_s` of the bytes
-queued so far, counted from its first send().
+queued so far, counted from its first send(). While its messages wait on the link (queued here, or sent
+but unanswered behind other transfers' bytes), the link's acknowledgements are its progress:
+
+    link queue:   [ A's bytes in flight ............ ][ t's chunks ][ t's Close ]      acks ──▶ A, A, A, ...
+                                                                  ^ t.mark = link.sent_total here
+    t waits on the link until acked_total >= t.mark + window: by then a whole window of bytes sent after
+    t's last message was acknowledged, so t's own were not queued but lost (a dropped ZeroMQ connection
+    discards its pipe), and t's own clock runs again.
+
+Replies count only from the link that carries the transfer, and an Ack only for a chunk in flight there
+with its length: a receiver cannot end another peer's transfer or return window it was never given.
 """
 
 from __future__ import annotations
@@ -39,7 +49,9 @@ class OutTransfer:
     jobs: collections.deque = field(default_factory=collections.deque)  # (ChunkPlan, t_enqueued) | CLOSE
     stream_pos: dict[int, int] = field(default_factory=dict)
     next_seq: int = 0
-    inflight: int = 0
+    inflight: int = 0  # == sum(sent.values())
+    sent: dict[int, int] = field(default_factory=dict)  # seq -> length of chunks not yet acknowledged
+    mark: int = 0  # link.sent_total when this transfer's latest message went out
     acked: int = 0
     queued: int = 0  # chunk bytes handed to send() so far
     closed: bool = False
@@ -85,6 +97,7 @@ class SendBook:
         self.drop_jobs(t)
         t.link.forget(t.inflight)
         t.inflight = 0
+        t.sent.clear()
         t.link.stats.on_failure(state.value)
         self.set(t, state, reason)
         if notify:
@@ -135,30 +148,59 @@ class SendBook:
             if t.link is link:
                 self.fail(t, S.FAILED, reason, notify=False)
 
-    def on_reply(self, msg: Message, now: float) -> None:
-        """Apply a receiver's answer (OpenAck/Ack/Done/Failed/Abort) to its transfer."""
+    def owns(self, link: Link, tid: int) -> bool:
+        """Transfer `tid` travels on `link` (a reply from elsewhere must not touch it)."""
+        t = self.transfers.get(tid)
+        return t is not None and t.link is link
+
+    def on_sent(self, t: OutTransfer, seq: int, nbytes: int) -> None:
+        """Chunk `seq` of `t` (`nbytes`) was handed to ZeroMQ on t's link (after `link.on_sent`)."""
+        t.sent[seq] = nbytes
+        t.inflight += nbytes
+        t.mark = t.link.sent_total
+
+    def on_reply(self, msg: Message, link: Link, now: float) -> None:
+        """Apply a receiver's answer (OpenAck/Ack/Done/Failed/Abort) that arrived on `link`."""
         t = self.transfers.get(msg.transfer_id)
-        if t is None or t.state.terminal:
-            return
+        if t is None or t.state.terminal or t.link is not link:
+            return  # another link's transfer: a receiver speaks only for what was sent to it
         if isinstance(msg, OpenAck) and t.state is S.OPENING:
             t.progress = now
             self.set(t, S.TRANSFERRING)
             t.link.queue_work(t)
         elif isinstance(msg, Ack):
-            t.progress = now
-            t.inflight -= msg.length
-            t.acked += msg.length
-            t.link.on_ack(msg.length, now)
+            self._on_ack(t, msg, now)
         elif isinstance(msg, Done):
-            # Done may overtake Acks that travel on other connections: it acknowledges everything.
-            t.link.on_ack(t.inflight, now)
-            t.acked += t.inflight
-            t.inflight = 0
-            self.set(t, S.DONE)
-            t.link.stats.on_done(now - t.started)
+            self._on_done(t, now)
         elif isinstance(msg, (Failed, Abort)):
             state = S.FAILED if isinstance(msg, Failed) else S.ABORTED
             self.fail(t, state, f"receiver: {msg.reason}", notify=False)
+
+    def _on_ack(self, t: OutTransfer, msg: Ack, now: float) -> None:
+        length = t.sent.get(msg.seq)
+        if length is None or length != msg.length:
+            what = "not in flight" if length is None else f"sent with {length} B"
+            self.fail(t, S.FAILED, f"receiver acknowledged chunk {msg.seq} with {msg.length} B, which is "
+                      f"{what}: protocol violation", notify=True)
+            return
+        del t.sent[msg.seq]
+        t.progress = now
+        t.inflight -= length
+        t.acked += length
+        t.link.on_ack(length, now)
+
+    def _on_done(self, t: OutTransfer, now: float) -> None:
+        if not t.closed or t.jobs:
+            self.fail(t, S.FAILED, "receiver reported Done before the sender sent Close: protocol violation",
+                      notify=True)
+            return
+        # Done may overtake Acks that travel on other connections: it acknowledges everything.
+        t.link.on_ack(t.inflight, now)
+        t.acked += t.inflight
+        t.inflight = 0
+        t.sent.clear()
+        self.set(t, S.DONE)
+        t.link.stats.on_done(now - t.started)
 
     # -- deadlines ---------------------------------------------------------------------------------
     def cap(self, t: OutTransfer) -> float | None:
@@ -168,7 +210,7 @@ class SendBook:
 
     def deadline(self, t: OutTransfer) -> float:
         last = t.progress
-        if t.jobs:  # still queued behind other transfers on the link: their progress is ours
+        if _waits_on_link(t):  # the link's progress is ours (see the module docstring)
             last = max(last, t.link.last_progress)
         cap = self.cap(t)
         return last + t.timeout_s if cap is None else min(last + t.timeout_s, cap)
@@ -188,3 +230,12 @@ class SendBook:
                 if t.state is S.OPENING else " (no progress: receiver stalled or link down?)")
         self.fail(t, S.TIMED_OUT, f"{why} in state {t.state.value}, {t.acked} bytes acknowledged{hint}",
                   notify=True)
+
+
+def _waits_on_link(t: OutTransfer) -> bool:
+    """`t` waits behind other transfers' bytes on its link, not for its caller's next send()."""
+    if t.jobs and t.state is S.TRANSFERRING:
+        return True  # its turn comes once the transfers before it on the link are sent (oldest first)
+    if not (t.sent or t.closed or t.state is S.OPENING):
+        return False
+    return t.link.acked_total < t.mark + t.link.window

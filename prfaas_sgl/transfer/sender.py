@@ -180,7 +180,7 @@ class ZmqSender(SocketLoop):
             link.stats.on_failure("handshake")
             return None
         now = time.monotonic()
-        t = OutTransfer(tid, link, timeout_s, started=now, progress=now)
+        t = OutTransfer(tid, link, timeout_s, started=now, progress=now, mark=link.sent_total)
         self._book.add(t)
         t.link.control.append(self._frames.stamp(Open(transfer_id=tid, layout=self.layout,
                                                       chunk_bytes=self.cfg.chunk_bytes)))
@@ -227,9 +227,9 @@ class ZmqSender(SocketLoop):
         if events & zmq.POLLOUT:
             link.blocked = False
         if events & zmq.POLLIN:
-            self._drain(sock)
+            self._drain(link, sock)
 
-    def _drain(self, sock: zmq.Socket) -> None:
+    def _drain(self, link: Link, sock: zmq.Socket) -> None:
         for _ in range(256):
             try:
                 raw = sock.recv(zmq.NOBLOCK)
@@ -240,9 +240,13 @@ class ZmqSender(SocketLoop):
             except DecodeError as e:
                 msg = Failed(transfer_id=e.transfer_id, reason=f"receiver: {e.reason}")
             try:
-                self._book.on_reply(msg, time.monotonic())
+                self._book.on_reply(msg, link, time.monotonic())
             except Exception as e:
-                self._book.contain(msg.transfer_id, f"handling {type(msg).__name__}", e)
+                if self._book.owns(link, msg.transfer_id):
+                    self._book.contain(msg.transfer_id, f"handling {type(msg).__name__}", e)
+                else:
+                    log.exception("link %s: error handling a reply for transfer %d", link.peer.key(),
+                                  msg.transfer_id)
 
     def _on_handshake(self, link: Link, mon: zmq.Socket) -> None:
         reason = link.on_monitor(mon)
@@ -291,7 +295,10 @@ class ZmqSender(SocketLoop):
 
     def _try_job(self, link: Link, t: OutTransfer, job: Any) -> bool:
         if job is CLOSE:
-            return link.try_send(self._frames.close(t.tid, t.next_seq, t.stream_pos))
+            if not link.try_send(self._frames.close(t.tid, t.next_seq, t.stream_pos)):
+                return False
+            t.mark = link.sent_total
+            return True
         plan, queued_at = job
         if isinstance(plan, StagePlan):
             return self._try_staged(link, t, plan, queued_at)
@@ -299,10 +306,13 @@ class ZmqSender(SocketLoop):
             return False
         if not link.try_send(self._frames.chunk(t.tid, t.next_seq, plan)):
             return False
-        t.next_seq += 1
-        t.inflight += plan.length
-        link.on_sent(plan.length, time.monotonic() - queued_at)
+        self._sent(link, t, plan.length, queued_at)
         return True
+
+    def _sent(self, link: Link, t: OutTransfer, nbytes: int, queued_at: float) -> None:
+        link.on_sent(nbytes, time.monotonic() - queued_at)
+        self._book.on_sent(t, t.next_seq, nbytes)
+        t.next_seq += 1
 
     def _try_staged(self, link: Link, t: OutTransfer, plan: StagePlan, queued_at: float) -> bool:
         from prfaas_sgl.transfer.staging import FAILED, STAGED
@@ -317,9 +327,7 @@ class ZmqSender(SocketLoop):
         if not sent:
             return False
         self._stager.sent(plan, tracker)
-        t.next_seq += 1
-        t.inflight += plan.length
-        link.on_sent(plan.length, time.monotonic() - queued_at)
+        self._sent(link, t, plan.length, queued_at)
         return True
 
 
