@@ -34,7 +34,7 @@ def test_colocated_with_radix_cache_disabled_is_refused():
 
 def test_prefill_keeps_the_hybrid_index_and_chunk_grid():
     cache = backend.build(_ctx("prefill", chunk=128))
-    assert cache.cfg.role == "prefill" and not cache.kv_only
+    assert cache.cfg.role == "prefill" and type(cache) is backend.LinearStateCache
     assert [m.kind for m in cache.pool.managers] == ["full", "linear"]
     assert cache.cfg.checkpoint_interval == 128
 
@@ -42,8 +42,17 @@ def test_prefill_keeps_the_hybrid_index_and_chunk_grid():
 @pytest.mark.parametrize("chunk", [None, 100, 8192])
 def test_decode_indexes_kv_only_whatever_the_chunk_size(chunk):
     cache = backend.build(_ctx("decode", chunk=chunk))
-    assert cache.kv_only and [m.kind for m in cache.pool.managers] == ["full"]
+    assert type(cache) is backend.DecodeKvCache and [m.kind for m in cache.pool.managers] == ["full"]
     assert cache.mamba_evictable_size() == 0 and cache.mamba_protected_size() == 0
+
+
+@pytest.mark.parametrize("mode", ["null", "prefill", "decode"])
+def test_a_linear_model_gets_state_answers_only_where_it_keeps_states(mode):
+    """What SGLang asks every cache: the mamba side on a linear model, never a window."""
+    cache = backend.build(_ctx(mode))
+    assert type(cache) is (backend.DecodeKvCache if mode == "decode" else backend.LinearStateCache)
+    assert cache.supports_mamba() and not cache.supports_swa() and cache.sliding_window_size is None
+    assert cache.swa_evictable_size() == 0 and cache.swa_protected_size() == 0
 
 
 def test_prefill_chunk_off_grid_is_a_startup_error():

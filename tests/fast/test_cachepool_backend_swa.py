@@ -27,6 +27,7 @@ from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
 from sglang.srt.mem_cache.base_swa_memory_pool import BaseSWAKVPool
 from sglang.srt.mem_cache.radix_cache import RadixKey
+from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
 from prfaas_sgl.srt.cachepool_backend import cache as backend
 
@@ -335,6 +336,7 @@ def test_swa_plus_linear_and_all_swa_models_are_refused():
 
 def test_groups_and_window_follow_sglang():
     cache = backend.build(ctx(allocator()))
+    assert type(cache) is backend.SlidingWindowCache
     assert [(m.kind, getattr(m.spec, "window", 0)) for m in cache.pool.managers] == [("full", 0), ("swa", SWS + 1)]
     assert cache.supports_swa() and not cache.supports_mamba() and cache.sliding_window_size == SWS
 
@@ -358,7 +360,7 @@ def test_finish_after_window_eviction_indexes_no_freed_page_and_frees_the_stradd
     req = m.live[0][0]
     assert req.kv.swa_evict_floor == 32
     m.decode(_Draw(0), [1] * 40, False)
-    assert req.kv.get_evicted_seqlen(backend.ComponentType.SWA) == 56
+    assert req.kv.get_evicted_seqlen(ComponentType.SWA) == 56
     m.release(_Draw(0))
     c = m.cache
     hashes = c.pool.hashes(list(range(1000, 1040)) + [1] * 40)

@@ -1,9 +1,10 @@
 """`--radix-cache-backend prfaas_hybrid`: SGLang's prefix cache for hybrid linear-attention models (GDN,
-KDA, Lightning: any model SGLang keeps Mamba-pool states for), indexed by our
-HybridCachePool (prfaas_sgl.cachepool) over SGLang's own KV slots and Mamba state slots.
+KDA, Lightning: any model SGLang keeps Mamba-pool states for) and sliding-window hybrids, indexed by our
+HybridCachePool (prfaas_sgl.cachepool) over SGLang's own KV slots, Mamba state slots and window pages.
 
 `register()` runs in every SGLang process (plugin install) and only adds a name to SGLang's registry;
-the cache module (and its torch/sglang imports) loads when a server selects the backend.
+the cache modules (and their torch/sglang imports) load when a server selects the backend, and
+`cache.build` picks one class per kind (linear.py, sliding.py, decode_kv.py over base.py).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""SGLang's two allocators over ONE slab's blocks (`cachepool.slab_blocks.SlabBlocks`), issue 17.
+"""SGLang's two allocators over ONE slab's blocks (`cachepool.slab_blocks.SlabBlocks`), for
+--prfaas-unified-pool.
 
     KV token slot t  lies in block t // bs     SlabTokenAllocator hands out tokens of KV-owned blocks
     Mamba slot s     IS block s                SlabStateAllocator hands out whole blocks

@@ -1,4 +1,5 @@
-"""SGLang's KV pool and Mamba state pool laid over ONE `cachepool.slab.Slab` (issue 17, building block).
+"""SGLang's KV pool and Mamba state pool laid over ONE `cachepool.slab.Slab` (a building block of
+--prfaas-unified-pool).
 
     SGLang KV slot t (page size 1)  ->  slab token slot t, i.e. block t // bs     (SlabMHATokenToKVPool)
     SGLang Mamba slot s             ->  slab block s                              (bind_mamba_pool)

@@ -1,4 +1,4 @@
-"""--prfaas-unified-pool: SGLang's KV pool and Mamba pool over ONE slab with one block free list (issue 17).
+"""--prfaas-unified-pool: SGLang's KV pool and Mamba pool over ONE slab with one block free list.
 
 Runs AFTER `KVCacheConfigurator.configure`: SGLang has sized and built its two pools (its fixed split,
 `--mamba-full-memory-ratio`); the same bytes are re-laid as one slab of aligned blocks

@@ -1,0 +1,355 @@
+"""PrfaasHybridCache: what every kind of prfaas_hybrid cache shares (SGLang's BasePrefixCache over one
+HybridCachePool whose full-attention group indexes SGLang's KV slots).
+
+Ownership of a running request's KV row (page size 1, block size bs):
+
+    row positions  [0, protected)        tree's slots, matched at admission, pinned by req.lock
+                   [protected, up_to)    the request's own slots; at each checkpoint the blocks
+                                         whose hash is new are handed to the tree (`stored`), the
+                                         rest stay private (duplicates) and are freed at release
+
+Each SGLang request is one pool request (`admit` at its first checkpoint, `grow`+`commit` at each
+later one, `free` at release), so the pool's references pin exactly what the row reads. A lock on a
+match handle is a pool request of its own over the matched tokens.
+
+A kind (linear.py, sliding.py, decode_kv.py) adds its pool group and answers the few questions that
+differ: what a hit needs besides KV (`_matched`), what a checkpoint offers besides KV blocks
+(`_stage`), how far it may commit (`_commit_point`), what a row release frees besides KV
+(`_free_windows`), which group to evict first (`_evict_group`), and its own size counters.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+from array import array
+from dataclasses import dataclass, field
+
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import (BasePrefixCache, DecLockRefResult, EvictParams,
+                                                    EvictResult, IncLockRefResult, MatchPrefixParams,
+                                                    MatchResult)
+
+from prfaas_sgl.cachepool import GroupSpec, HybridCachePool, PoolConfig
+
+from . import config as backend_config
+from .hashes import HashMemo
+from .mirror import FULL, Insert, Mirror
+from .swa import SWA, SwaMemory
+
+log = logging.getLogger(__name__)
+
+
+_ONE_TOKEN = array("q", [0])  # see inc_lock_ref
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Node:
+    """A match handle: the matched tokens and their block hashes (len(tokens) == bs * len(hashes)).
+    Compared by identity: its tokens are an array (a copy of an array slice is a memcpy, a tuple of
+    128K ints is not)."""
+
+    tokens: array
+    hashes: tuple[int, ...]
+    # BasePrefixCache.dfs_weight_order walks `children`; handles are flat (no tree)
+    children: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+class Entry:
+    """One running request's pool request and what its checkpoints handed the tree."""
+
+    __slots__ = ("pool_id", "start", "stored", "first_gap", "checked", "offered")
+
+    def __init__(self, pool_id: str) -> None:
+        self.pool_id = pool_id
+        self.start = 0  # the pool's hit at admission: checkpoints are planned past it only
+        self.stored: dict[int, int] = {}  # block position -> hash, for blocks whose KV slots the tree owns now
+        self.offered = 0  # blocks [0, offered) were committed to the pool (it stores no more there)
+        # state checkpoints only (linear.py): grid boundaries
+        self.first_gap = 0  # first grid boundary with no state: nothing at or past it is committed
+        self.checked = 0  # grid boundaries <= checked (tokens) had a state and were committed
+
+
+class PrfaasHybridCache(BasePrefixCache):
+    """The full-attention index every kind keeps; not served on its own (cache.build picks a kind)."""
+
+    def __init__(self, params, cfg: backend_config.BackendConfig) -> None:
+        self.cfg, self.bs = cfg, cfg.block_size
+        self.disable = False
+        self.req_to_token_pool = params.req_to_token_pool
+        self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
+        self.page_size = params.page_size
+        # SGLang reads it for window eviction and its SWA admission budget (sliding.py sets it)
+        self.sliding_window_size: int | None = None
+        self.device = torch.device("cpu") if not isinstance(
+            self.token_to_kv_pool_allocator.device, (str, torch.device)) else torch.device(
+            self.token_to_kv_pool_allocator.device)
+        self._ids = itertools.count()
+        self.reset()
+
+    @classmethod
+    def config_for(cls, ctx, mode: str) -> backend_config.BackendConfig:
+        """This kind's config from SGLang's TreeCacheBuildContext (a hybrid model's KV and Mamba pools)."""
+        p = ctx.params
+        return backend_config.from_server(ctx.server_args.chunked_prefill_size, p.token_to_kv_pool_allocator.size,
+                                          p.req_to_token_pool.mamba_pool.size, role=mode)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Drop the index. SGLang calls this from flush_cache with no request running, and clears its
+        own allocators alongside, so the mirrored slots are forgotten, not freed."""
+        pool = self.pool = HybridCachePool(PoolConfig(self.cfg.num_blocks, self.bs, self._groups(),
+                                                      enable_events=True))
+        self.mirror = self._mirror(pool)
+        self.memo = HashMemo(self.bs, pool.cfg.hash_seed)
+        self._reqs: dict[int, Entry] = {}  # by req_pool_idx (unique while the row is held)
+        self.root_node = Node(array("q"), ())
+
+    def _groups(self) -> tuple[GroupSpec, ...]:
+        """The pool's groups, the full-attention one first (`_mirror` reads managers[0])."""
+        return (GroupSpec(FULL, "full", 1, kv_bytes_per_token=1),)
+
+    def _mirror(self, pool: HybridCachePool) -> Mirror:
+        return self._mirror_over(pool, self.token_to_kv_pool_allocator.free)
+
+    def _mirror_over(self, pool: HybridCachePool, free_kv, swa: SwaMemory | None = None) -> Mirror:
+        """free_kv(slots): how a removed full entry's KV slots go back to SGLang."""
+        # block_of reads the full group's index (hash -> block) directly: a lookup per stored block
+        return Mirror(self.bs, self.cfg.num_blocks, self.device, pool.managers[0].index.__getitem__,
+                      free_kv, self._free_state, swa)
+
+    def _free_state(self, slot) -> None:
+        self.req_to_token_pool.mamba_allocator.free(slot)
+
+    def _drain(self, insert: Insert | None = None) -> tuple[int, int, int]:
+        counts = self._apply(insert)
+        self.mirror.flush()
+        return counts
+
+    def _apply(self, insert: Insert | None = None) -> tuple[int, int, int]:
+        """Mirror the pool's events; SWA entries whose full entry went (or that memory cannot back)
+        are dropped from the pool too (none outside sliding.py). Returns (KV tokens, states, window
+        tokens) removed."""
+        tokens, states, windows = self.mirror.apply(self.pool.drain_events(), insert)
+        dropped = self.mirror.take_orphans() + (insert.swa_rejected if insert is not None else [])
+        while dropped:
+            self.pool.uncache(SWA, dropped)
+            t, s, w = self.mirror.apply(self.pool.drain_events())
+            tokens, states, windows = tokens + t, states + s, windows + w
+            dropped = self.mirror.take_orphans()
+        if insert is not None:
+            insert.swa_rejected = []
+        return tokens, states, windows
+
+    # -- match and locks ------------------------------------------------------------------------
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        key = params.key
+        if key.is_bigram or key.extra_key is not None or key.cache_salt is not None or len(key) == 0:
+            return self._result(self.root_node)  # namespaced keys are not indexed (hash seed is global)
+        ids = key.raw_token_ids()
+        seen = self.memo.get(getattr(params.req, "rid", None), ids)  # covers ids, maybe more of the request
+        k = self.pool.match(ids, seen.hashes) // self.bs
+        return self._result(self._matched(params, Node(seen.tokens[:k * self.bs], tuple(seen.hashes[:k]))))
+
+    def _matched(self, params: MatchPrefixParams, node: Node) -> Node:
+        """The hit this kind serves for the pool's KV match `node` (here: all of it)."""
+        return node
+
+    def _result(self, node: Node) -> MatchResult:
+        return MatchResult(device_prefix_len=len(node.tokens), last_device_node=node,
+                           last_host_node=node, best_match_node=node)
+
+    def inc_lock_ref(self, node: Node) -> IncLockRefResult:
+        if not node.hashes:
+            return IncLockRefResult(delta=0, node_id=None)
+        n = next(self._ids)
+        # one token past the match, so the pool may count every matched token as a hit
+        alloc = self.pool.admit(f"lock:{n}", node.tokens + _ONE_TOKEN, num_tokens=len(node.tokens),
+                                hashes=list(node.hashes))
+        self._drain()
+        if alloc.num_cached_tokens != len(node.tokens):  # evicted between match and lock: a bug
+            self.pool.free(f"lock:{n}")
+            self._drain()
+            raise RuntimeError(f"prfaas_hybrid: lock on {len(node.tokens)} tokens found only "
+                               f"{alloc.num_cached_tokens} cached")
+        return IncLockRefResult(delta=0, node_id=n)
+
+    def dec_lock_ref(self, node: Node, params=None) -> DecLockRefResult:
+        if params is not None and params.node_id is not None:
+            self.pool.free(f"lock:{params.node_id}")
+            self._drain()
+        return DecLockRefResult(delta=0)
+
+    def path_device_indices(self, node: Node) -> torch.Tensor:
+        return self.mirror.kv_slots(node.hashes)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def checkpoint(self, req, *, up_to: int, **kwargs) -> None:
+        """Offer tokens [0, up_to) of the request: full blocks to the KV index, plus what the kind
+        stages (`_stage`: a state, window pages).
+
+            blocks   [0 ..... offered)[offered .......... n)      n = up_to // bs
+                      committed before  the pool may store these now: one gather from the row
+        Hashes come from the request's memo: only blocks no earlier call saw are hashed. On a prefill
+        server the request is admitted transfer-bound: its uncached tail is transfer-cache until
+        SGLang releases it after the transfer.
+        """
+        if req.extra_key is not None or req.cache_salt or up_to < self.bs or req.kv.req_pool_idx is None:
+            return
+        ids = req.full_untruncated_fill_ids
+        n = min(up_to, len(ids)) // self.bs
+        length = n * self.bs
+        if n == 0:
+            return
+        seen = self.memo.get(req.rid, ids)
+        ent = self._reqs.get(req.kv.req_pool_idx)
+        if ent is None:
+            ent = self._reqs[req.kv.req_pool_idx] = Entry(f"req:{next(self._ids)}")
+            # one token past `length`, so the pool may count all of it as a hit (a lock's blocks)
+            ent.start = self.pool.admit(ent.pool_id, seen.tokens[:length] + _ONE_TOKEN, num_tokens=length,
+                                        hashes=seen.hashes[:n], transfer=self.cfg.role == "prefill").num_cached_tokens
+            ent.offered = ent.start // self.bs
+        else:
+            self.pool.grow(ent.pool_id, length, seen.tokens, seen.hashes)
+        self._drain()
+        hashes = seen.hashes
+        insert = Insert(self.req_to_token_pool.req_to_token[req.kv.req_pool_idx],
+                        {hashes[i]: i for i in range(ent.offered, n)})
+        self._stage(req, insert, hashes[n - 1], length, up_to)
+        point = self._commit_point(ent, hashes, length, insert)
+        self.pool.commit(ent.pool_id, point)
+        self._drain(insert)
+        ent.offered = max(ent.offered, point // self.bs)
+        ent.stored.update((i, hashes[i]) for i in insert.stored_blocks)
+        if insert.state is not None:  # not indexed (no boundary planned, or the pool had it)
+            self._free_state(insert.state)
+
+    def _stage(self, req, insert: Insert, last_hash: int, length: int, up_to: int) -> None:
+        """Add to `insert` what this kind offers besides the KV blocks of [0, length) (here: nothing)."""
+
+    def _commit_point(self, ent: Entry, hashes: list[int], length: int, insert: Insert) -> int:
+        """Tokens of [0, length) to commit (here: all)."""
+        return length
+
+    def free_kv_row(self, kv, ranges: list[tuple[int, int]]) -> None:
+        """Free row ranges except the blocks this request handed to the tree; the pieces left go
+        back to the allocator in one free (SGLang's free group), not one per piece."""
+        ent = self._reqs.get(kv.req_pool_idx)
+        if ent is None or not ent.stored:
+            return super().free_kv_row(kv, ranges)
+        self._free_windows(kv, ent, ranges)
+        pieces = []
+        for start, end in ranges:
+            pos = start
+            for i in sorted(b for b in ent.stored if start < (b + 1) * self.bs and b * self.bs < end):
+                if pos < i * self.bs:
+                    pieces.append((pos, i * self.bs))
+                pos = max(pos, (i + 1) * self.bs)
+            if pos < end:
+                pieces.append((pos, end))
+        allocator = self.token_to_kv_pool_allocator
+        if len(pieces) < 2 or getattr(allocator, "free_group", False) is not None:
+            if pieces:  # one piece, or a free group the caller already opened collects them
+                super().free_kv_row(kv, pieces)
+            return
+        allocator.free_group_begin()
+        try:
+            super().free_kv_row(kv, pieces)
+        finally:
+            allocator.free_group_end()
+
+    def _free_windows(self, kv, ent: Entry, ranges: list[tuple[int, int]]) -> None:
+        """Free what the row holds beside the KV of the blocks the tree took (here: nothing)."""
+
+    def on_release(self, req, *, checkpointed: bool) -> None:
+        ent = self._reqs.pop(req.kv.req_pool_idx, None) if req.kv.req_pool_idx is not None else None
+        if ent is not None:
+            self.pool.free(ent.pool_id)
+            self._drain()
+        self.memo.drop(req.rid)
+        if req.kv.holds_mamba:  # the tree keeps copies, never the request's own slot
+            self.req_to_token_pool.free_mamba_cache(req)
+        if self.cfg.check_integrity:
+            self.check_integrity()
+
+    def check_integrity(self) -> None:
+        """Pool invariants + the mirror equals the index; logs one line, raises AssertionError."""
+        self.pool.check_integrity()
+        self.mirror.check(self.pool)
+        u = self.pool.usage()
+        log.info("prfaas_hybrid integrity ok: %d KV blocks, %d states cached, %d pool requests, "
+                 "%d transfer-cache blocks", len(self.mirror.kv_of), len(self.mirror.state_of),
+                 len(self.pool.request_ids()), u.transfer)
+
+    # -- eviction and sizes ---------------------------------------------------------------------
+    def evict(self, params: EvictParams) -> EvictResult:
+        """Evict LRU entries until enough is freed; their slots go back in one free per allocator."""
+        slab = getattr(self.token_to_kv_pool_allocator, "slab_blocks", None)
+        met = self._shortfall_met(params, slab)
+        tokens = states = windows = 0
+        while not (met(tokens, states) and windows >= params.swa_num_tokens):
+            group = self._evict_group(tokens < params.num_tokens, windows < params.swa_num_tokens)
+            if not (self.pool.evict_lru(group) or (group is not None and self.pool.evict_lru())):
+                break
+            t, s, w = self._apply()
+            tokens, states, windows = tokens + t, states + s, windows + w
+            if slab is not None:
+                self.mirror.flush()
+        self.mirror.flush()
+        return EvictResult(num_tokens_evicted=tokens, swa_num_tokens_evicted=windows, mamba_num_evicted=states)
+
+    def _evict_group(self, short_kv: bool, short_windows: bool) -> str | None:
+        """The pool group to evict from first; None: the least recently used entry of any group."""
+        return None
+
+    def _shortfall_met(self, params: EvictParams, slab):
+        """(tokens, states evicted so far) -> done? Over one slab (--prfaas-unified-pool) an entry of
+        either kind may free the block the other kind needs, so the allocators are asked instead (the
+        loop flushes after each eviction for that)."""
+        if slab is None:
+            return lambda tokens, states: tokens >= params.num_tokens and states >= params.mamba_num
+        kv = self.token_to_kv_pool_allocator
+        kv_want, state_want = kv.available_size() + params.num_tokens, slab.state_available() + params.mamba_num
+        return lambda tokens, states: kv.available_size() >= kv_want and slab.state_available() >= state_want
+
+    # SGLang reads these several times per scheduler step: each is O(1) (the pool keeps per-group
+    # idle counters; a linear state is one pool block, see linear.py)
+    def evictable_size(self) -> int:
+        return self.pool.idle_blocks(FULL) * self.bs
+
+    full_evictable_size = evictable_size
+
+    def protected_size(self) -> int:
+        return len(self.mirror.kv_of) * self.bs - self.evictable_size()
+
+    full_protected_size = protected_size
+
+    def swa_evictable_size(self) -> int:
+        return 0
+
+    def swa_protected_size(self) -> int:
+        return len(self.mirror.swa_of) * self.bs - self.swa_evictable_size()
+
+    def mamba_evictable_size(self) -> int:
+        return 0
+
+    def mamba_protected_size(self) -> int:
+        return len(self.mirror.state_of) - self.mamba_evictable_size()
+
+    def total_size(self) -> int:
+        return len(self.mirror.kv_of) * self.bs
+
+    def all_values_flatten(self) -> torch.Tensor:
+        return self.mirror.kv_slots(list(self.mirror.kv_of))
+
+    def all_mamba_values_flatten(self) -> torch.Tensor:
+        vals = list(self.mirror.state_of.values())
+        return torch.cat(vals) if vals else torch.empty((0,), dtype=torch.int64)
+
+    def supports_mamba(self) -> bool:
+        return True
+
+    def supports_swa(self) -> bool:
+        return False
+
+    def pretty_print(self) -> None:
+        print(f"prfaas_hybrid: {self.total_size()} tokens, {len(self.mirror.state_of)} states cached")
