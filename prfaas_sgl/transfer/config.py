@@ -50,6 +50,9 @@ class TransferConfig:
         on GPUs), per sender and per receiver with a device pool: 64 × 1 MiB keeps the link busy while
         libzmq holds sent frames, and a full ring pushes back on the stager thread, never the scheduler.
     reconnect_ivl_max_ms: ZeroMQ's reconnect back-off ceiling towards an unreachable peer.
+    stats_token: bearer token the sender's stats endpoint requires of every request (None: clients on
+        this machine see everything, others only sums over destinations; see `stats.StatsServer`).
+        At least 16 characters; kept out of repr.
     """
 
     connections: int = 4
@@ -68,6 +71,7 @@ class TransferConfig:
     link_idle_s: float = 300.0
     max_sockets: int = 16384
     stage_slots: int = 64
+    stats_token: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.connections <= 64:
@@ -101,6 +105,11 @@ class TransferConfig:
             raise ValueError(f"stage_slots={self.stage_slots}: use 2..4096 ring slots of chunk_bytes")
         if not 64 <= self.max_sockets <= 1 << 20:
             raise ValueError(f"max_sockets={self.max_sockets}: use 64..1048576")
+        token = self.stats_token
+        if token is not None and (not isinstance(token, str) or len(token) < 16 or not token.isprintable()
+                                  or not token.isascii() or " " in token):
+            raise ValueError("stats_token: use at least 16 printable ASCII characters without spaces "
+                             "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
         if self.reconnect_ivl_max_ms < self.reconnect_ivl_ms:
             raise ValueError(f"reconnect_ivl_max_ms={self.reconnect_ivl_max_ms} < reconnect_ivl_ms="
                              f"{self.reconnect_ivl_ms}: the back-off ceiling must be at least the first interval")

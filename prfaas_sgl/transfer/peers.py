@@ -210,10 +210,13 @@ class Link:
 
 
 class LinkTable:
-    """The sender's links by full peer identity; loop thread only. `make(peer)` opens a new link."""
+    """The sender's links by full peer identity; loop thread only. `make(peer)` opens a new link;
+    `on_close(link)` runs after a link left the table."""
 
-    def __init__(self, make: Callable[[PeerInfo], Link], max_links: int, idle_s: float) -> None:
+    def __init__(self, make: Callable[[PeerInfo], Link], max_links: int, idle_s: float,
+                 on_close: Callable[[Link], None] | None = None) -> None:
         self._make = make
+        self._on_close = on_close
         self._max, self._idle_s = max_links, idle_s
         self._links: dict[PeerInfo, Link] = {}
         self._by_sock: dict[zmq.Socket, Link] = {}
@@ -256,6 +259,8 @@ class LinkTable:
         for s in link.socks + link.monitors:
             self._by_sock.pop(s, None)
         link.close()
+        if self._on_close is not None:
+            self._on_close(link)
 
     def close_all(self) -> None:
         for link in list(self._links.values()):

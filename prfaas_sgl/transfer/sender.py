@@ -64,11 +64,13 @@ class ZmqSender(SocketLoop):
         self._stager: Any = None  # staging.Stager, made at the first ItemBatch (torch loads only then)
         self._ctx = make_context(cfg)
         self._codec = Codec()  # replies
-        self._links = LinkTable(self._new_link, cfg.max_links, cfg.link_idle_s)
+        self._links = LinkTable(self._new_link, cfg.max_links, cfg.link_idle_s, on_close=self._link_closed)
         self._book = SendBook(cfg, on_drop=self._drop_job, on_terminal=on_terminal)
         self.stats = StatsBook()
         self.stats.metrics.loop_alive.set_function(lambda: float(self.fatal is None and self._thread.is_alive()))
-        self.stats_server = StatsServer(self.stats, host=stats_host, port=stats_port) if stats_port is not None else None
+        self.stats_server = (StatsServer(self.stats, host=stats_host, port=stats_port, token=cfg.stats_token)
+                             if stats_port is not None else None)
+        self._pruned_at = 0.0
         self.start()
 
     # -- public API (any thread; never blocks on the network) --------------------------------------
@@ -99,6 +101,16 @@ class ZmqSender(SocketLoop):
     def wait(self, transfer_id: int, timeout: float) -> TransferStatus:
         # `poll`, not the table: a dead loop reads FAILED without a put (hence the 2 ms re-check)
         return self._book.status.wait(transfer_id, timeout, read=self.poll, step=0.002)
+
+    @property
+    def worker_fatal(self) -> str | None:
+        """Why one of this sender's other long-lived threads (the stager, the stats server) died, or None.
+        `fatal` is the socket loop's; a health check reads both."""
+        for name, worker in (("transfer-stage", self._stager), ("transfer-stats", self.stats_server)):
+            reason = None if worker is None else worker.fatal
+            if reason is not None:
+                return f"{name} thread died: {reason}"
+        return None
 
     def abort(self, transfer_id: int, reason: str = "aborted by sender") -> None:
         self._call(self._book.abort, transfer_id, reason)
@@ -208,6 +220,21 @@ class ZmqSender(SocketLoop):
     def _new_link(self, peer: PeerInfo) -> Link:
         return open_link(self._ctx, self.cfg, peer, self.stats.link(peer.key()), time.monotonic())
 
+    def _link_closed(self, link: Link) -> None:
+        """Its stats go with it, unless another link (same address, another key) still uses them."""
+        key = link.peer.key()
+        try:
+            if all(other.peer.key() != key for other in self._links):
+                self.stats.drop(key)
+        except Exception:  # telemetry must not stop the other links from closing
+            log.exception("link %s: dropping its stats failed", key)
+
+    def _prune_stats(self, now: float) -> None:
+        """Entries of peers refused before any link (bad address, no sockets) go once idle."""
+        if now - self._pruned_at >= 1.0:
+            self._pruned_at = now
+            self.stats.prune({link.peer.key() for link in self._links}, now, self.cfg.link_idle_s)
+
     # -- loop thread: events ----------------------------------------------------------------------
     def poll_items(self) -> list[tuple[zmq.Socket, int]]:
         items = []
@@ -265,6 +292,7 @@ class ZmqSender(SocketLoop):
                 # ZeroMQ's reconnect back-off towards a peer that may have restarted meanwhile
                 self._links.close(t.link)
         self._links.close_idle(now)
+        self._prune_stats(now)
         for link in self._links:
             try:
                 link.pump(self._emit_control, self._emit_job, lambda t: t.state is S.TRANSFERRING)

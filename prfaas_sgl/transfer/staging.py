@@ -136,13 +136,23 @@ class Stager:
         self._todo: collections.deque[StagePlan] = collections.deque()
         self._zmq: collections.deque[tuple[int, Any]] = collections.deque()  # (slot, tracker) owned by ZeroMQ
         self._stop = False
+        self._fatal: str | None = None
         self._cuda = _CudaSide(pools.cuda[0], STAGE_BATCH * slot_bytes) if pools.cuda else None
         self._thread = threading.Thread(target=self._run, name="transfer-stage", daemon=True)
         self._thread.start()
 
+    @property
+    def fatal(self) -> str | None:
+        """None while the stager thread runs; why it died once it has (a health check reads this).
+        After that every plan, queued or submitted, reads FAILED, so its transfer fails at once."""
+        return self._fatal
+
     # -- loop thread -----------------------------------------------------------------------------------
     def submit(self, plans: Sequence[StagePlan]) -> None:
         with self._lock:
+            if self._fatal is not None:
+                _mark_failed(plans, f"stager thread died: {self._fatal}")
+                return
             self._todo.extend(plans)
             self._lock.notify_all()
 
@@ -180,16 +190,34 @@ class Stager:
         # index_select took 4.9 ms instead of 0.35 ms on a busy 2-core host (OpenMP workers waiting for
         # cores the server's own threads hold); SGLang's threads keep their setting.
         torch.set_num_threads(1)
-        while True:
-            batch = self._take()
-            if batch is None:
-                return
-            try:
-                self._stage(batch)
-            except Exception as e:  # one bad batch fails its transfers, not the thread
-                log.exception("staging failed")
-                self._fail(batch, f"staging failed: {type(e).__name__}: {e}")
-            self._wake()
+        batch: list[tuple[StagePlan, int]] = []
+        try:
+            while True:
+                batch = self._take() or []
+                if not batch:
+                    return
+                try:
+                    self._stage(batch)
+                except Exception as e:  # one bad batch fails its transfers, not the thread
+                    log.exception("staging failed")
+                    self._fail(batch, f"staging failed: {type(e).__name__}: {e}")
+                batch = []
+                self._wake()
+        except BaseException as e:  # the machinery itself broke: fail everything now, not at the deadlines
+            log.exception("transfer-stage thread died; every staged send fails")
+            self._die(f"{type(e).__name__}: {e}", batch)
+
+    def _die(self, reason: str, batch: list[tuple[StagePlan, int]]) -> None:
+        with self._lock:
+            self._fatal = reason
+            why = f"stager thread died: {reason}"
+            _mark_failed([plan for plan, _ in batch if plan.state == STAGING], why)
+            _mark_failed([plan for plan in self._todo if plan.state == PENDING], why)
+            self._todo.clear()
+        try:
+            self._wake()  # the loop fails their transfers now
+        except Exception:
+            log.exception("transfer-stage: waking the loop failed")
 
     def _take(self) -> list[tuple[StagePlan, int]] | None:
         """Up to STAGE_BATCH pending plans with a free slot each (waits for work and for slots)."""
@@ -251,6 +279,13 @@ class Stager:
                 if plan.state != CANCELLED:
                     plan.state, plan.slot = FAILED, None
                     plan.prep.error = plan.prep.error or reason
+
+
+def _mark_failed(plans: Sequence[StagePlan], reason: str) -> None:
+    """Plans that will never be staged (caller holds the stager's lock, or they are not shared yet)."""
+    for plan in plans:
+        plan.state, plan.slot = FAILED, None
+        plan.prep.error = plan.prep.error or reason
 
 
 def _prepare(plan: StagePlan, pools: Pools) -> None:

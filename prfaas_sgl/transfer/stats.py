@@ -2,19 +2,24 @@
 transfer latency, failures. Read as a JSON snapshot (`GET /stats`) or as Prometheus metrics.
 
 Written by the transport's loop thread, read by HTTP / router threads: every access holds the lock.
+A destination's entry (and its Prometheus series) is dropped when its link closes, or, for one that
+never had a link (refused peers), once idle; what it counted stays in the totals ("retired"), so the
+sums a reader rates (bytes, transfers, failures) never go down.
 """
 
 from __future__ import annotations
 
 import collections
+import hmac
 import ipaddress
 import json
-import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import prometheus_client as prom
+from prometheus_client.core import Metric
+
+from prfaas_sgl.transfer.stats_http import HttpServer, Request, Response
 
 WINDOWS_S = (1.0, 10.0)
 _KEEP_S = max(WINDOWS_S)
@@ -36,10 +41,12 @@ class LinkStats:
         self.max_inflight = 0
         self.done = 0
         self.failures: dict[str, int] = {}
+        self.last_event = time.monotonic()  # any send, ack, done or failure: idle entries are pruned
         self._m = metrics
 
     def on_send(self, nbytes: int, queued_s: float) -> None:
         with self._lock:
+            self.last_event = time.monotonic()
             self.inflight += nbytes
             self.max_inflight = max(self.max_inflight, self.inflight)
             self._queue_delay.append(queued_s)
@@ -48,6 +55,7 @@ class LinkStats:
 
     def on_ack(self, nbytes: int, now: float) -> None:
         with self._lock:
+            self.last_event = now
             self.inflight -= nbytes
             self.bytes_total += nbytes
             self._acks.append((now, nbytes))
@@ -62,12 +70,14 @@ class LinkStats:
 
     def on_done(self, latency_s: float) -> None:
         with self._lock:
+            self.last_event = time.monotonic()
             self.done += 1
             self._latency.append(latency_s)
         self._m.latency.labels(self.peer).observe(latency_s)
 
     def on_failure(self, kind: str) -> None:
         with self._lock:
+            self.last_event = time.monotonic()
             self.failures[kind] = self.failures.get(kind, 0) + 1
         self._m.failures.labels(self.peer, kind).inc()
 
@@ -117,9 +127,67 @@ class PromMetrics:
         # Read on scrape (set_function by the loop's owner): a dead loop fails every transfer while the process
         # may still answer HTTP, so it must be visible apart from the server's /health.
         self.loop_alive = prom.Gauge(f"{prefix}_loop_alive", "1 while the transport's loop thread runs", registry=r)
+        # counter and histogram samples of dropped peers, by (sample name, labels but peer)
+        self._retired: collections.Counter[tuple[str, tuple]] = collections.Counter()
+        self._lock = threading.Lock()  # retire() vs aggregate_exposition(): no sample counted twice
 
     def exposition(self) -> bytes:
         return prom.generate_latest(self.registry)
+
+    def aggregate_exposition(self) -> bytes:
+        """The same metrics summed over peers (no peer label), dropped peers included."""
+        with self._lock:
+            return prom.generate_latest(_Collapsed(self.registry, dict(self._retired)))
+
+    def retire(self, peer: str, kinds: list[str]) -> None:
+        """Drop `peer`'s series; its counts stay in the aggregate."""
+        with self._lock:
+            for fam in self.registry.collect():
+                if fam.type not in ("counter", "histogram"):
+                    continue
+                for smp in fam.samples:
+                    if smp.labels.get("peer") == peer and not smp.name.endswith("_created"):
+                        self._retired[(smp.name, _but_peer(smp.labels))] += smp.value
+            for metric in (self.bytes, self.inflight, self.queue_delay, self.latency):
+                _remove(metric, peer)
+            for kind in kinds:
+                _remove(self.failures, peer, kind)
+
+
+def _but_peer(labels: dict[str, str]) -> tuple:
+    return tuple(sorted((k, v) for k, v in labels.items() if k != "peer"))
+
+
+def _remove(metric: prom.metrics.MetricWrapperBase, *labels: str) -> None:
+    try:
+        metric.remove(*labels)
+    except KeyError:
+        pass  # never observed for this peer
+
+
+class _Collapsed:
+    """A registry view with every family's samples summed over the peer label (and `retired` added)."""
+
+    _SUFFIXES = ("", "_total", "_bucket", "_count", "_sum")
+
+    def __init__(self, registry: prom.CollectorRegistry, retired: dict[tuple[str, tuple], float]) -> None:
+        self._registry, self._retired = registry, retired
+
+    def collect(self):
+        for fam in self._registry.collect():
+            sums: dict[tuple[str, tuple], float] = {}
+            for smp in fam.samples:
+                if not smp.name.endswith("_created"):  # a creation time cannot be summed
+                    key = (smp.name, _but_peer(smp.labels))
+                    sums[key] = sums.get(key, 0.0) + smp.value
+            names = {fam.name + x for x in self._SUFFIXES}
+            for key, value in self._retired.items():
+                if key[0] in names:
+                    sums[key] = sums.get(key, 0.0) + value
+            out = Metric(fam.name, fam.documentation, fam.type)
+            for (name, labels), value in sums.items():
+                out.add_sample(name, dict(labels), value)
+            yield out
 
 
 class StatsBook:
@@ -129,12 +197,34 @@ class StatsBook:
         self.metrics = PromMetrics()
         self._links: dict[str, LinkStats] = {}
         self._lock = threading.Lock()
+        self._retired = {"bytes_total": 0, "transfers_done": 0}
+        self._retired_failures: collections.Counter[str] = collections.Counter()
 
     def link(self, peer: str) -> LinkStats:
         with self._lock:
             if peer not in self._links:
                 self._links[peer] = LinkStats(peer, self.metrics)
             return self._links[peer]
+
+    def drop(self, peer: str) -> None:
+        """Forget `peer` (its link closed): its entry and Prometheus series go, its counts stay in the sums."""
+        with self._lock:
+            s = self._links.pop(peer, None)
+            if s is None:
+                return
+            with s._lock:
+                self._retired["bytes_total"] += s.bytes_total
+                self._retired["transfers_done"] += s.done
+                self._retired_failures.update(s.failures)
+                kinds = list(s.failures)
+            self.metrics.retire(peer, kinds)
+
+    def prune(self, live: set[str], now: float, idle_s: float) -> None:
+        """Drop entries with no link in `live` and no event for `idle_s` (refused peers never get a link)."""
+        with self._lock:
+            stale = [p for p, s in self._links.items() if p not in live and now - s.last_event >= idle_s]
+        for peer in stale:
+            self.drop(peer)
 
     def snapshot(self) -> dict:
         """``time_s`` (this process's monotonic clock) lets a reader turn ``bytes_total`` into a rate over the
@@ -144,21 +234,51 @@ class StatsBook:
         now = time.monotonic()
         return {"time_s": now, "links": {s.peer: s.snapshot(now) for s in links}}
 
+    def aggregate_snapshot(self) -> dict:
+        """`snapshot()` with every destination summed into one link named "*" (no peer addresses); what
+        a router reads from it (goodput, queue delay, bytes_total) is the same sum."""
+        with self._lock:
+            links = list(self._links.values())
+            retired, failures = dict(self._retired), collections.Counter(self._retired_failures)
+        now = time.monotonic()
+        snaps = [s.snapshot(now) for s in links]
+        for snap in snaps:
+            failures.update(snap["failures"])
+        windows = {f"{w:g}s": sum(x["goodput_bps"][f"{w:g}s"] for x in snaps) for w in WINDOWS_S}
+        return {"time_s": now, "links": {"*": {
+            "peer": "*",
+            "bytes_total": retired["bytes_total"] + sum(x["bytes_total"] for x in snaps),
+            "goodput_bps": windows,
+            "bytes_in_flight": sum(x["bytes_in_flight"] for x in snaps),
+            "max_bytes_in_flight": max((x["max_bytes_in_flight"] for x in snaps), default=0),
+            "queue_delay_s": _merged([x["queue_delay_s"] for x in snaps]),
+            "transfer_latency_s": _merged([x["transfer_latency_s"] for x in snaps]),
+            "transfers_done": retired["transfers_done"] + sum(x["transfers_done"] for x in snaps),
+            "failures": dict(failures),
+        }}}
+
+
+def _merged(summaries: list[dict]) -> dict:
+    n = sum(x["n"] for x in summaries)
+    return {"n": n, "mean": sum(x["n"] * x["mean"] for x in summaries if x["n"]) / n} if n else {"n": 0}
+
 
 class StatsServer:
-    """`GET /stats` (JSON) and `GET /metrics` (Prometheus text) on a daemon thread.
+    """`GET /stats` (JSON) and `GET /metrics` (Prometheus text), bounded (see `stats_http.HttpServer`).
 
     `host` is the address to bind (flag `--prfaas-zmq-stats-host`): loopback by default; a router in the
-    other datacenter needs the prefill's routable address, or "0.0.0.0" / "::". The endpoint is read-only
-    and unauthenticated (it shows peer addresses and byte counts): expose it to the router's network only.
+    other datacenter needs the prefill's routable address, or "0.0.0.0" / "::".
+    Who sees what: with a `token`, every request needs `Authorization: Bearer <token>` (else 401) and
+    gets everything. Without one, clients on this machine (loopback) get everything, others get the
+    sums over destinations (`aggregate_snapshot`, metrics without the peer label): what the router and
+    the dashboards read, and never the decodes' data endpoints (whom this prefill feeds, where to aim).
     """
 
-    def __init__(self, book: StatsBook, host: str = "127.0.0.1", port: int = 0) -> None:
-        handler = type("Handler", (_Handler,), {"book": book})
-        self._httpd = (_ServerV6 if _is_v6(host) else ThreadingHTTPServer)((host, port), handler)
-        self.host, self.port = host, self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="transfer-stats", daemon=True)
-        self._thread.start()
+    def __init__(self, book: StatsBook, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                 timeout_s: float = 5.0, max_conns: int = 64) -> None:
+        self._book, self._token = book, token
+        self._http = HttpServer(host, port, self.respond, "transfer-stats", timeout_s, max_conns)
+        self.host, self.port = host, self._http.port
 
     @property
     def url(self) -> str:
@@ -167,13 +287,33 @@ class StatsServer:
         host = f"[{self.host}]" if _is_v6(self.host) else self.host
         return f"http://{host}:{self.port}/stats"
 
+    @property
+    def fatal(self) -> str | None:
+        return self._http.fatal
+
+    @property
+    def open_connections(self) -> int:
+        return self._http.open_connections
+
     def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._http.close()
+
+    def respond(self, req: Request) -> Response:
+        """The answer to one request (called on the server thread; `req.local`: the client is on this machine)."""
+        if self._token is not None and not _bearer_ok(req.headers.get("authorization", ""), self._token):
+            return Response(401, "text/plain", b"stats token required\n", (("WWW-Authenticate", "Bearer"),))
+        full = self._token is not None or req.local
+        if req.path == "/stats":
+            snap = self._book.snapshot() if full else self._book.aggregate_snapshot()
+            return Response(200, "application/json", json.dumps(snap).encode())
+        if req.path == "/metrics":
+            m = self._book.metrics
+            return Response(200, prom.CONTENT_TYPE_LATEST, m.exposition() if full else m.aggregate_exposition())
+        return Response(404, "text/plain", b"try /stats or /metrics\n")
 
 
-class _ServerV6(ThreadingHTTPServer):
-    address_family = socket.AF_INET6
+def _bearer_ok(header: str, token: str) -> bool:
+    return hmac.compare_digest(header.encode("utf-8", "replace"), f"Bearer {token}".encode())
 
 
 def _is_v6(host: str) -> bool:
@@ -181,25 +321,3 @@ def _is_v6(host: str) -> bool:
         return ipaddress.ip_address(host).version == 6
     except ValueError:
         return False  # a host name: resolved as IPv4
-
-
-class _Handler(BaseHTTPRequestHandler):
-    book: StatsBook
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
-        if self.path == "/stats":
-            self._reply(200, "application/json", json.dumps(self.book.snapshot()).encode())
-        elif self.path == "/metrics":
-            self._reply(200, prom.CONTENT_TYPE_LATEST, self.book.metrics.exposition())
-        else:
-            self._reply(404, "text/plain", b"try /stats or /metrics\n")
-
-    def _reply(self, code: int, ctype: str, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass  # the router polls often; access logs would drown real messages

@@ -178,6 +178,29 @@ def test_bad_ids_fail_only_their_transfer(pair):
     assert tx.wait(bad, 10).state is S.FAILED
 
 
+def test_a_dead_stager_fails_its_transfers_at_once_and_says_why(pair, monkeypatch):
+    """The stager thread's own machinery raises (not one batch): every staged send fails now with the
+    cause, later sends too, and `worker_fatal` names it for the health check. Before, the thread died
+    silently and each transfer waited out its timeout."""
+    from prfaas_sgl.transfer import staging
+
+    def broken(self):
+        raise RuntimeError("ring bookkeeping broke")
+
+    monkeypatch.setattr(staging.Stager, "_reclaim", broken)
+    lay, src, dst, tx, rx = pair()
+    for tid in (next(IDS), next(IDS)):
+        rx.expect(tid, batch([1, 2]))
+        t0 = time.monotonic()
+        tx.send(tid, rx.address, batch([3, 4]), last=True)
+        s = tx.wait(tid, 5)
+        assert s.state is S.FAILED
+        assert s.reason == f"transfer {tid}: stager thread died: RuntimeError: ring bookkeeping broke"
+        assert time.monotonic() - t0 < CFG.timeout_s / 2
+    assert tx.worker_fatal == "transfer-stage thread died: RuntimeError: ring bookkeeping broke"
+    assert tx.fatal is None  # the socket loop itself is fine
+
+
 def test_region_sender_feeds_an_item_receiver(pair):
     """The byte-region path and the item path carry the same streams: chunks that cut items anywhere
     land right (spans: head piece, whole items, tail piece)."""
