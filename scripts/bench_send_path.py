@@ -166,6 +166,7 @@ def prefill_manager(args, cfg):
     from prfaas_sgl.srt.backend.admission import Admission, PeerBook
     from prfaas_sgl.srt.backend.memory import KVMemory
     from prfaas_sgl.srt.backend.prefill import PrefillManager
+    from prfaas_sgl.srt.backend.rooms import Unstarted
     from prfaas_sgl.transfer.sender import ZmqSender
 
     m = object.__new__(PrefillManager)
@@ -175,9 +176,10 @@ def prefill_manager(args, cfg):
     m._staging_outstanding, m.deferred_bootstrap = collections.defaultdict(int), None
     m.local_ip, m.rank_port, m.attn_tp_size, m._stopped, m.is_mla_backend = "127.0.0.1", DECODE_PORT, 1, False, False
     m.send_kv_status_message = lambda **kw: None
-    m.peers = PeerBook(Admission(None, None))
-    m.rejections, m._open, m._lock, m._wake = {}, {}, threading.Lock(), threading.Event()
-    m.transfer_infos, m.req_to_decode_prefix_len, m._unstarted, m._room_ttl_s = {}, {}, {}, 600.0
+    m._init_liveness()
+    m.peers = PeerBook(Admission(None, None), fit=m._fit)
+    m._open, m._lock, m._wake = {}, threading.Lock(), threading.Event()
+    m.transfer_infos, m.req_to_decode_prefix_len, m._unstarted, m._room_ttl_s = {}, {}, Unstarted(), 600.0
     m.sender = m.data_plane = ZmqSender(m.memory.layout, m.memory.buffers, cfg, devices=m.memory.devices,
                                         on_terminal=lambda _tid: m._wake.set())
     return m

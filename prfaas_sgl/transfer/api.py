@@ -48,6 +48,10 @@ class KVSender(Protocol):
     @property
     def fatal(self) -> str | None: ...
 
+    @property
+    def worker_fatal(self) -> str | None:
+        """Why a helper thread of the sender (stager, stats server) died, or None; `fatal` is the loop's."""
+
     def send(self, transfer_id: int, peer: PeerInfo, regions: Sequence[Region] | ItemBatch, last: bool = False,
              timeout_s: float | None = None) -> None:
         """Queue source regions (or item ids: the staged path, ZmqSender only); call once per finished

@@ -3,6 +3,8 @@ SGLang's per-request sender and receiver on real managers, as the schedulers cal
 code it guards."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -121,3 +123,16 @@ def test_the_managers_default_to_the_zeromq_transport(make_pd):
     pd = make_pd(fake=False)
     assert isinstance(pd.p.transport, ZmqTransport) and isinstance(pd.d.transport, ZmqTransport)
     assert type(pd.p.sender).__name__ == "ZmqSender" and type(pd.d.receiver).__name__ == "ZmqReceiver"
+
+
+def test_a_dead_sender_helper_thread_makes_the_prefill_fatal(make_pd):
+    """The stager and stats threads live in the sender, not in the manager's own threads: without the sender's
+    `worker_fatal` among the manager's fatal sources, a dead stager failed every send after its timeout while
+    the server's /health stayed 200."""
+    pd = make_pd()
+    stopped = threading.Event()
+    pd.p.stop_server = stopped.set  # the watchdog's SIGQUIT to the launcher (here: pytest's parent)
+    assert pd.p.fatal() is None
+    pd.p.sender.worker_fatal = "transfer-stage thread died: RuntimeError: boom"
+    assert "transfer-stage thread died" in pd.p.fatal()
+    assert stopped.wait(5)  # the watchdog (every 0.05 s here) takes the server down

@@ -106,6 +106,7 @@ class FakeSender(_Side):
         super().__init__(timeout_s)
         self.layout, self.net = layout, net
         self.views = register(layout, buffers, writable=False)
+        self.worker_fatal: str | None = None  # no helper threads here; a test may set it
 
     def send(self, transfer_id: int, peer: PeerInfo, regions: Sequence[Region] | ItemBatch, last: bool = False,
              timeout_s: float | None = None) -> None:

@@ -59,6 +59,7 @@ class PrefillManager(PrfaasKVManager):
         self._open: dict[int, _Outgoing] = {}
         self._lock = threading.Lock()
         self._unstarted = Unstarted()
+        self.fatal_sources.append(lambda: self.sender.worker_fatal)  # the stager and stats threads
         self._start(self._control_loop, "prfaas-zmq-control")
         self._start(self._watch_loop, "prfaas-zmq-watch")
         self._start(self._watchdog, "prfaas-zmq-watchdog")
