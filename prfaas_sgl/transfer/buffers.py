@@ -14,7 +14,7 @@ from prfaas_sgl.transfer.layout import MemoryLayout
 @dataclass(frozen=True, slots=True)
 class Strided:
     """Raw memory whose item i is bytes [address + i * stride, + item_len): one logical buffer laid in a
-    larger slab (issue 17's unified pool interleaves every layer's K/V rows, and states, in one buffer).
+    larger slab (the unified pool interleaves every layer's K/V rows, and states, in one buffer).
     The stride is local knowledge, never on the wire: the peer's layout sees item_len only, so a slab
     side pairs with a packed one. Only the staged (ItemBatch) path reads it; byte `Region`s, which
     assume packed items, are refused for it (`is_packed`)."""

@@ -1,4 +1,4 @@
-"""Item-indexed transfers (the staged path, issue 13): what a side moves, named by item ids, not bytes.
+"""Item-indexed transfers (the staged path): what a side moves, named by item ids, not bytes.
 
 A request's KV is "pages p0, p1, ... of every K/V buffer", its state "slot s of every state buffer", its
 aux "row r of every aux buffer". `Items` says exactly that — one id array shared by a group of buffers —

@@ -1,4 +1,4 @@
-"""The staged data path, decode side (issue 13): `Lander` writes verified chunk bytes into the pools.
+"""The staged data path, decode side: `Lander` writes verified chunk bytes into the pools.
 
 Runs on the receiver's loop thread, under its write lock: a verified chunk's bytes go straight from the
 frame into the host pool (index_copy_), or, for a device pool, through a pinned receive-ring slot, H2D and

@@ -7,7 +7,7 @@ ABORTED / TIMED_OUT with a reason. Only the connection that opened a transfer ma
 in `refusal_counts()`, logged, answered with `Failed`. After `release()` returns, nothing more is written.
 
 Destinations are byte `Region`s of host buffers (scattered with memcpy), or an `ItemBatch` (the staged
-path of issue 13, any device: `landing.Lander` writes each verified chunk with index_copy_, on a copy
+staged path, any device: `landing.Lander` writes each verified chunk with index_copy_, on a copy
 stream for device pools; Done waits until those copies completed, and release() waits for them too).
 
 Pieces: `recv_gate.py` (who may speak), `recv_checks.py` (what may be written: pure), `recv_book.py`

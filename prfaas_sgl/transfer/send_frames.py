@@ -1,7 +1,7 @@
 """What the sender puts on the wire: msgpack headers plus zero-copy views of source memory.
 
 A chunk is `[header, *data]`, one data frame per source segment of its `ChunkPlan` (a view into the
-registered buffer, never a copy), or one frame per staged ring slot (`staged`, issue 13), so no frame
+registered buffer, never a copy), or one frame per staged ring slot (`staged`), so no frame
 exceeds `chunk_bytes`. Test faults (a corrupted chunk,
 a foreign protocol version) are applied here and nowhere else.
 """

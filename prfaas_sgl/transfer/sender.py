@@ -6,7 +6,7 @@ one zero-copy view of source memory, while the peer's window has credit ─▶ C
 connections carry its secret token in their ROUTING_IDs, so only this link can feed its transfers.
 
 Two kinds of send(): byte `Region`s of host buffers (each chunk = zero-copy views of source memory), or
-an `ItemBatch` (the staged path the SGLang backend uses on every device, issue 13: the loop plans chunks
+an `ItemBatch` (the staged path the SGLang backend uses on every device: the loop plans chunks
 of item ids in O(chunks), `staging.Stager` gathers each into a ring slot on its own thread, and the loop
 sends each staged slot as one tracked zero-copy frame). Both give the same wire messages.
 

@@ -1,5 +1,5 @@
 """Torch copies for `ByteRuns` slices (items.py): the staged path's gather and landing when a stream item
-is several byte runs of a pool item (Mamba/GDN/KDA state between TP sizes, issue 13).
+is several byte runs of a pool item (Mamba/GDN/KDA state between TP sizes).
 
 `items` is a buffer's [num_items, item_len] uint8 tensor (packed or strided rows, host or CUDA, as
 staging.Pools holds it). A stream item is the item's bytes at `runs.columns()`, in that order:

@@ -1,4 +1,4 @@
-"""The staged data path (issue 13): the same code on host memory (CI) and on CUDA pools.
+"""The staged data path: the same code on host memory (CI) and on CUDA pools.
 
 Prefill (`Stager`, one thread per sender, never the scheduler's or the socket loop's):
 

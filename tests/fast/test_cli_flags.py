@@ -13,8 +13,8 @@ from pathlib import Path
 SNAPSHOT = Path(__file__).parent / "data" / "cli_flags.json"
 # Flags added since the snapshot, on purpose: PolicyParams' pacing knobs became router flags when the
 # router's policy settings started to be generated from PolicyParams (before, only /admin/routing set them).
-# The supervisor actuator's flags (issue 15): the controller acts on servers `prfaas up` owns.
-# --prfaas-unified-pool: one slab for KV and linear-attention states (issue 17).
+# The supervisor actuator's flags: the controller acts on servers `prfaas up` owns.
+# --prfaas-unified-pool: one slab for KV and linear-attention states.
 # The router's admission limits (requests at once, body bytes in flight, body deadline) and its per-instance
 # circuit breaker.
 ADDED = {"router": {"--pace-max-s", "--pace-step-s", "--actuator", "--supervisor-urls", "--supervisor-token",

@@ -50,7 +50,7 @@ def test_invalid_values_name_the_flag(argv, flag, tmp_path):
 
 
 def test_sender_stats_endpoint_binds_the_configured_host():
-    """M8 (issue 12): the stats endpoint was loopback-only, out of reach of a router in the other datacenter."""
+    """The stats endpoint was loopback-only, out of reach of a router in the other datacenter."""
     from prfaas_sgl.transfer.config import TransferConfig
     from prfaas_sgl.transfer.layout import BufferSpec, MemoryLayout
     from prfaas_sgl.transfer.sender import ZmqSender
@@ -66,7 +66,7 @@ def test_sender_stats_endpoint_binds_the_configured_host():
 
 
 def test_insecure_is_a_switch(tmp_path):
-    """M3 (issue 12): keys are the default on routable addresses; plaintext must be asked for by name."""
+    """Keys are the default on routable addresses; plaintext must be asked for by name."""
     assert parse([]).zmq_insecure is False
     assert parse(["--prfaas-zmq-insecure"]).zmq_insecure is True
 

@@ -67,7 +67,7 @@ def _minimal(tmp_path, **kw) -> RouterConfig:
     ("0.0.0.0", "", False), ("10.0.0.5", "", False), ("router.example", "", False), ("127.0.0.1", "t", False),
 ])
 def test_admin_open_only_on_loopback_without_token(tmp_path, host, token, open_):
-    """M2: with no token, /admin/* answers only when nothing but this host can reach the listener."""
+    """The admin endpoints: with no token, /admin/* answers only when nothing but this host can reach the listener."""
     assert _minimal(tmp_path, host=host, admin_token=token).admin_open is open_
 
 

@@ -1,4 +1,4 @@
-"""The prfaas_zmq backend on the staged path (issue 13): SGLang's calls on a real PrefillManager and
+"""The prfaas_zmq backend on the staged path: SGLang's calls on a real PrefillManager and
 DecodeManager (built without SGLang's constructor, as in backend_stubs.py) over real
 ZmqSender/ZmqReceiver threads and SGLang-shaped host pools: K/V pages, a MAMBA state component, aux."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Different attention TP on prefill and decode (issue 13): SGLang's head-slice arithmetic restated in
+"""Different attention TP on prefill and decode: SGLang's head-slice arithmetic restated in
 `backend/tp.py`, checked against SGLang's own function, then real transfers between synthetic per-rank pools
 cut from one global K/V tensor, so the truth is known: every decode rank must end up holding exactly its
 heads of every page, each head crossing the wire once (replica dedupe)."""

@@ -1,4 +1,4 @@
-"""Mamba/GDN/KDA state slots between different attention-TP sizes (issue 13): SGLang's slice arithmetic
+"""Mamba/GDN/KDA state slots between different attention-TP sizes: SGLang's slice arithmetic
 restated in `backend/tp_state.py`, checked against SGLang's own function, then real transfers between
 SGLang's own MambaPools (built on CPU at each TP size) whose shards are cut from one global pool by the
 sharding rule (q, k and v of a conv state split on their own), so the truth is known independently of the

@@ -22,7 +22,7 @@ COMMAND_MODULES = {"sglang.launch_server"}
 TOOLS = "prfaas_sgl.tools"
 # pyproject.toml's `prfaas` console script names this module, so it stays outside tools/ and dispatches into it.
 TOOLS_ENTRY_POINTS = {"prfaas_sgl.cli"}
-# Cycles other work removes (issue 16 item 5); each entry is one cycle's sorted module names. Keep it empty.
+# Cycles other work removes; each entry is one cycle's sorted module names. Keep it empty.
 KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
 

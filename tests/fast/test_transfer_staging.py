@@ -1,4 +1,4 @@
-"""The staged path (issue 13) on host tensors, real sockets over 127.0.0.1: ItemBatch sends gathered into
+"""The staged path on host tensors, real sockets over 127.0.0.1: ItemBatch sends gathered into
 ring slots, one frame per slot, landed with index_copy_. The GPU twins are in tests/gpu/."""
 import itertools
 import time
