@@ -123,7 +123,8 @@ class RouterConfig:
                        "supervisors `prfaas up` keeps, see --supervisor-urls; needs --controller planner)")
     supervisor_urls: str = _f("", "SERVER=http://HOST:PORT pairs, comma-separated: the supervisor owning each local "
                               "server (`prfaas up` derives them from the deployment's [supervisor] port)")
-    supervisor_token: str = _f("", f"bearer token for the supervisors (or env {SUPERVISOR_TOKEN_ENV})", secret=True)
+    supervisor_token: str = _f("", f"key the router signs supervisor requests with, >= 32 bytes, or http://HOST:PORT=TOKEN pairs per "
+                                    f"machine (or env {SUPERVISOR_TOKEN_ENV})", secret=True)
     switch_confirm: int = _f(2, "recommendations in the same direction before a server switches role")
     switch_dwell_s: float = _f(600.0, "seconds after a role switch before the next one may start")
     log_level: str = _f("info", "python logging level")
