@@ -24,8 +24,9 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from prfaas_sgl.router.tokenize import embedding_rows
 
 GEN, CMPL, CHAT = "/generate", "/v1/completions", "/v1/chat/completions"
 BIG = 2**70
@@ -175,9 +176,11 @@ def crash_cases(lim: Limits) -> list[Case]:
 
 
 def vocab_size(model_path: str) -> int:
-    """Rows of the model's token embedding (a multimodal config nests it under ``text_config``)."""
-    cfg = json.loads((Path(model_path) / "config.json").read_text())
-    return int(cfg.get("vocab_size") or cfg["text_config"]["vocab_size"])
+    """Rows of the model's token embedding: the limit the router and the servers' guard check ids against."""
+    rows = embedding_rows(model_path)
+    if rows is None:
+        raise ValueError(f"no readable vocab_size in {model_path}/config.json")
+    return rows
 
 
 @dataclass(frozen=True, slots=True)
