@@ -1,7 +1,7 @@
-"""Issue 12, the router's request path: each test pins one finding of the reliability review.
+"""The router's request path: each test pins one finding of the reliability review.
 
-H2 client ``rid`` forwarded, H3 huge bodies stall the loop, M1 a server's 4xx taken for a dead server,
-M2 open ``/admin``, L2 bad ``chat_template_kwargs`` give 500, L4 a client that left keeps its attempt running.
+A client ``rid`` forwarded, huge bodies stalling the loop, a server's 4xx taken for a dead server, an open
+``/admin``, bad ``chat_template_kwargs`` giving 500, a client that left keeping its attempt running.
 The router runs in front of in-process stand-ins (``router/standin.py``), which record what they receive.
 """
 
@@ -43,11 +43,11 @@ async def until(cond, timeout: float = 10.0) -> bool:
     return cond()
 
 
-# ---------------------------------------------------------------- H2: the router owns rid
+# ---------------------------------------------------------------- the router owns rid
 
 
 def test_client_rid_and_internal_fields_are_refused_and_each_attempt_gets_its_own_rid(tmp_path):
-    """H2: SGLang aborts by rid prefix; a client rid "a" would abort others' requests. The router's own fields are
+    """SGLang aborts by rid prefix; a client rid "a" would abort others' requests. The router's own fields are
     refused by name (they used to be dropped silently); each attempt gets a fresh rid."""
     async def body():
         async with rig(tmp_path) as r:
@@ -71,7 +71,7 @@ def test_client_rid_and_internal_fields_are_refused_and_each_attempt_gets_its_ow
     run(body())
 
 
-# ---------------------------------------------------------------- H3: huge bodies and prompts
+# ---------------------------------------------------------------- huge bodies and prompts
 
 
 def peak_rss() -> int:
@@ -105,7 +105,7 @@ HUGE = 32 << 20  # bytes of prompt text
 
 @pytest.mark.parametrize("framing", ["content_length", "chunked"])
 def test_huge_prompt_refused_unread_while_health_answers(tmp_path, framing):
-    """H3: a 32 MiB prompt used to be parsed on the loop and tokenized holding the GIL (seconds, gigabytes)."""
+    """A 32 MiB prompt used to be parsed on the loop and tokenized holding the GIL (seconds, gigabytes)."""
     payload = json.dumps({"model": "tiny", "prompt": "x" * HUGE}).encode()
 
     async def chunks():  # 1 MiB at a time: one 32 MiB write would stall this loop (the router's) client-side
@@ -138,7 +138,7 @@ def test_huge_prompt_refused_unread_while_health_answers(tmp_path, framing):
     ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x" * 40_000}]}),
 ])
 def test_prompt_longer_than_context_in_characters_refused_before_tokenizing(tmp_path, path, req):
-    """H3: 40k characters cannot fit 2048 tokens at <= 16 characters per token: no need to tokenize them."""
+    """40k characters cannot fit 2048 tokens at <= 16 characters per token: no need to tokenize them."""
     async def body():
         async with rig(tmp_path) as r:
             def refuse(text: str, add_special_tokens: bool) -> list[int]:
@@ -180,7 +180,7 @@ def max_stall(work) -> tuple[float, float]:
 
 
 def test_tokenizing_releases_the_gil(tmp_path):
-    """H3: ``Tokenizer.encode`` holds the GIL for its whole run (the control below); ``encode_batch`` releases it."""
+    """``Tokenizer.encode`` holds the GIL for its whole run (the control below); ``encode_batch`` releases it."""
     tok = PromptTokenizer(build_tiny_tokenizer(str(tmp_path / "tok")))
     # 800 kB: ~1 s held by the control; encode_batch splits it over the cores (0.06 s for 200 kB on a quiet
     # 2-core machine, too short to tell a release from a lucky schedule, so CI failed there)
@@ -197,7 +197,7 @@ def test_tokenizing_releases_the_gil(tmp_path):
     assert took > 0.1 and gap < took / 4, runs
 
 
-# ---------------------------------------------------------------- M1: a 4xx is the request's fault
+# ---------------------------------------------------------------- a 4xx is the request's fault
 
 
 class Strict(Standin):
@@ -222,7 +222,7 @@ class Strict(Standin):
 
 @pytest.mark.parametrize("first", ["prefill", "decode"])
 def test_server_4xx_relayed_unchanged_and_servers_stay_in_rotation(tmp_path, first):
-    """M1: a prefill 400 marked the prefill dead and retried; the retry's 400 removed the local one too -> 502."""
+    """A prefill 400 marked the prefill dead and retried; the retry's 400 removed the local one too -> 502."""
     async def body():
         async with rig(tmp_path, standin=Strict) as r:
             (r.decode if first == "prefill" else r.remote).reject_after_s = 0.2
@@ -240,7 +240,7 @@ def test_server_4xx_relayed_unchanged_and_servers_stay_in_rotation(tmp_path, fir
 
 
 def test_stream_refused_with_a_4xx_event_is_relayed_not_retried(tmp_path):
-    """M1: SGLang refuses some requests inside the stream (an error event with code 400): relay, no retry."""
+    """SGLang refuses some requests inside the stream (an error event with code 400): relay, no retry."""
     async def body():
         async with rig(tmp_path, standin=Strict) as r:
             req = {"model": "tiny", "prompt": LONG, "regex": "(", "stream": True}
@@ -281,7 +281,7 @@ def test_router_refuses_bad_sampling_params_itself(tmp_path):
     run(body())
 
 
-# ---------------------------------------------------------------- M2: /admin needs a token off loopback
+# ---------------------------------------------------------------- /admin needs a token off loopback
 
 
 def test_admin_needs_the_token_when_one_is_set(tmp_path):
@@ -317,7 +317,7 @@ def test_admin_refused_on_a_public_listener_without_a_token(tmp_path):
     run(body())
 
 
-# ---------------------------------------------------------------- L2: chat_template_kwargs
+# ---------------------------------------------------------------- chat_template_kwargs
 
 
 @pytest.mark.parametrize("kwargs,code", [
@@ -325,7 +325,7 @@ def test_admin_refused_on_a_public_listener_without_a_token(tmp_path):
     ({"add_generation_prompt": False}, "invalid_value"), ({"bos_token": "!"}, "invalid_value"),
 ])
 def test_bad_chat_template_kwargs_get_400_and_are_counted(tmp_path, kwargs, code):
-    """L2: these raised TypeError inside the router: HTTP 500, no error metric."""
+    """These raised TypeError inside the router: HTTP 500, no error metric."""
     async def body():
         async with rig(tmp_path) as r:
             req = {"model": "tiny", "messages": [{"role": "user", "content": SHORT}], "chat_template_kwargs": kwargs}
@@ -338,7 +338,7 @@ def test_bad_chat_template_kwargs_get_400_and_are_counted(tmp_path, kwargs, code
 
 
 def test_template_runtime_error_is_a_400(tmp_path):
-    """L2: a template failing on client data with a non-Jinja error (here TypeError) is the request's fault."""
+    """A template failing on client data with a non-Jinja error (here TypeError) is the request's fault."""
     path = build_tiny_tokenizer(str(tmp_path / "tok"))
     cfg = Path(path) / "tokenizer_config.json"
     cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "chat_template": "{{ messages[0]['content'] + 1 }}"}))
@@ -349,7 +349,7 @@ def test_template_runtime_error_is_a_400(tmp_path):
     assert (e.value.status, e.value.code) == (400, "invalid_messages") and "TypeError" in e.value.message
 
 
-# ---------------------------------------------------------------- L4: a client that leaves
+# ---------------------------------------------------------------- a client that leaves
 
 
 class Watched(Standin):
@@ -368,7 +368,7 @@ class Watched(Standin):
 
 
 def test_client_disconnect_cancels_the_attempt(tmp_path):
-    """L4: aiohttp did not cancel the handler: decode kept generating for a client that was gone."""
+    """aiohttp did not cancel the handler: decode kept generating for a client that was gone."""
     async def body():
         async with rig(tmp_path, standin=Watched) as r:
             r.decode.delay_s = 5.0

@@ -1,4 +1,4 @@
-"""Telemetry reaching the router: transport link stats (issue 12 M8) and KV-event resync (L3)."""
+"""Telemetry reaching the router: transport link stats and KV-event resync."""
 from __future__ import annotations
 
 import asyncio
@@ -44,7 +44,7 @@ def _book_with_traffic(per_peer: dict[str, int], queued_s: float = 0.02) -> Stat
 
 
 def test_transport_snapshot_gives_the_router_the_real_numbers():
-    """M8: the snapshot nests links under "links"; the router used to read 0 goodput and call it ok."""
+    """The snapshot nests links under "links"; the router used to read 0 goodput and call it ok."""
     link = LinkState(1e9)
     apply_link_stats(link, _book_with_traffic({"10.0.0.2:7000": 5 * MB}).snapshot())
     assert link.stats_ok
@@ -176,7 +176,7 @@ async def _poller_scenario(tmp_path) -> None:
 
 
 def test_poller_survives_garbage_answers_and_counts_them(tmp_path):
-    """M8: a JSON array at the stats URL used to end load polling for every instance, silently."""
+    """A JSON array at the stats URL used to end load polling for every instance, silently."""
     asyncio.run(_poller_scenario(tmp_path))
 
 
@@ -209,7 +209,7 @@ def test_several_stats_urls_add_up_and_all_must_answer(tmp_path):
     assert seen[1] == (0.0, False)
 
 
-# ---------------------------------------------------------------- L3: KV events resync after a gap
+# ---------------------------------------------------------------- KV events resync after a gap
 
 
 def _batch(*hashes: int, parent: int | None = None) -> bytes:
@@ -247,7 +247,7 @@ async def _gap_scenario() -> tuple[int, int]:
 
 
 def test_a_sequence_gap_clears_the_exact_index():
-    """L3: after lost events (possibly BlockRemoved) the mirror cannot be trusted: start over."""
+    """After lost events (possibly BlockRemoved) the mirror cannot be trusted: start over."""
     before, after = asyncio.run(_gap_scenario())
     assert (before, after) == (2, 0)
 
@@ -344,8 +344,8 @@ async def _link_scenario(tmp_path, link, conn) -> tuple[list[tuple[float, float]
 @pytest.mark.netns
 @pytest.mark.skipif(netns.root_problem() is not None, reason=f"{netns.root_problem()}")
 def test_router_measures_the_goodput_the_transport_measured_over_a_tbf_link(tmp_path):
-    """M8 proof: remote prefill (a netns) -> tc tbf 200 Mbit/s veth -> decode receiver on the host; the router,
-    on the host, polls the sender's /stats across the link.
+    """Proof over a real link: remote prefill (a netns) -> tc tbf 200 Mbit/s veth -> decode receiver on the
+    host; the router, on the host, polls the sender's /stats across the link.
 
     The transport's figure: bytes / (first send -> Done). The router's: its goodput readings averaged over
     the same transfer (the integral of a 1 s-window rate counts every acknowledged bit once, so stalls of a
@@ -371,7 +371,7 @@ def test_router_measures_the_goodput_the_transport_measured_over_a_tbf_link(tmp_
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::1", "::"])
 def test_stats_server_binds_the_configured_address(host):
-    """M8: the endpoint was loopback-only; the router in the other datacenter must be able to reach it."""
+    """The endpoint was loopback-only; the router in the other datacenter must be able to reach it."""
     server = StatsServer(_book_with_traffic({"10.0.0.2:7000": MB}), host=host, port=0)
     try:
         url = server.url.replace("0.0.0.0", "127.0.0.1").replace("[::]", "[::1]")

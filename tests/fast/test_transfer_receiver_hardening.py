@@ -1,4 +1,4 @@
-"""Receiver hardening (issue 12: H6, H5, H4, M3): no write after release(), an error fails one transfer,
+"""Receiver hardening: no write after release(), an error fails one transfer,
 no-progress deadlines plus an explicit cap, and oversized frames dropped before any data. Real sockets:
 the decode receiver runs in its own process or, where the test must write into its memory, in this one.
 Who may write (sessions, coverage) is in test_transfer_receiver_sessions.py."""
@@ -27,9 +27,9 @@ from .receiver_peers import CFG, CODEC, IDS, LAYOUT, PAGE, SRC_SEED, RawPeer, as
 __all__ = ["CFG", "LAYOUT", "SRC_SEED"]  # read by the rx and src fixtures (conftest.py)
 
 
-# -- H6: release() is a write barrier --------------------------------------------------------------------
+# -- release() is a write barrier ------------------------------------------------------------------------
 def test_release_guarantees_no_write_after_it_returns():
-    """H6: SGLang frees a room's pages right after forget() → release(); a chunk scattered after that
+    """SGLang frees a room's pages right after forget() → release(); a chunk scattered after that
     would corrupt whichever request gets the pages next. One connection sends 64 chunks; release() comes
     with 63 of them queued behind a slow receiver (20 ms each). A marker sent after them on the same
     connection is answered only once all of them were handled (in order), so no fixed sleep is needed."""
@@ -77,7 +77,7 @@ def test_release_from_the_loop_thread_does_not_deadlock():
 
 
 def test_an_error_in_one_chunk_fails_only_its_transfer(monkeypatch, src):
-    """H5 on the receiver: an unexpected exception while handling a message ends that transfer FAILED
+    """On the receiver, an unexpected exception while handling a message ends that transfer FAILED
     with the error named; the loop thread goes on serving the next transfer."""
     real, calls = R.scatter, []
 
@@ -173,7 +173,7 @@ def test_the_fake_transport_keeps_the_same_no_progress_deadlines(monkeypatch, sr
         assert (rx.poll(tid).state, tx.poll(tid).state) == (want, want)
 
 
-# -- M3: oversized frames ---------------------------------------------------------------------------------
+# -- oversized frames -------------------------------------------------------------------------------------
 def zmtp_dealer(rx) -> socket.socket:
     """A raw TCP peer past the ZMTP 3.0 NULL handshake (greeting + READY), speaking as a DEALER."""
     s = socket.create_connection((rx.address.host, rx.address.port), timeout=5)
@@ -197,7 +197,7 @@ def closed_by_peer(s: socket.socket, within: float) -> bool:
 
 
 def test_a_4gib_frame_header_drops_the_connection_before_any_data(rx, src):
-    """M3: MAXMSGSIZE makes libzmq drop a peer on the frame header announcing 4 GiB, so no peer can
+    """MAXMSGSIZE makes libzmq drop a peer on the frame header announcing 4 GiB, so no peer can
     make decode buffer a huge frame (before, it took the bytes and RSS grew at line rate)."""
     s = zmtp_dealer(rx)
     try:

@@ -1,4 +1,4 @@
-"""Receiver hardening (issue 12 M3), who may write: only the connection that opened a transfer feeds
+"""Receiver hardening, who may write: only the connection that opened a transfer feeds
 or closes it (session tokens), a redialled connection takes its identity over, and a transfer completes
 by coverage, not by byte count. Real sockets; the decode receiver runs in its own process."""
 
@@ -20,7 +20,7 @@ from .receiver_peers import CFG, IDS, LAYOUT, PAGE, SRC_SEED, RawPeer, assert_se
 __all__ = ["CFG", "LAYOUT", "SRC_SEED"]  # read by the rx and src fixtures (conftest.py)
 
 
-# -- M3: only the opener may feed a transfer --------------------------------------------------------------
+# -- only the opener may feed a transfer ------------------------------------------------------------------
 def test_chunk_from_another_host_is_refused_and_the_real_transfer_completes(rx, src):
     """A real sender (its session: host + its link's token) opens; a second DEALER on another address
     injects a well-formed chunk into pages the sender has not sent yet."""
@@ -137,7 +137,7 @@ def test_a_connection_redialled_under_the_same_routing_id_takes_over(rx):
     assert rx.call("read", regions) == payload(8)
 
 
-# -- M3: completion by coverage -----------------------------------------------------------------------
+# -- completion by coverage ---------------------------------------------------------------------------
 def test_overlapping_chunks_with_distinct_seqs_fail_instead_of_done(rx, src):
     """Three 4 KiB chunks for a 12 KiB stream, the second a rewrite of the first: their byte count adds
     up (before: DONE with [8192, 12288) stale), their coverage does not."""

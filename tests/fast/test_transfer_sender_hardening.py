@@ -1,6 +1,5 @@
-"""Sender hardening (issue 12): no-progress deadlines (H4), failures contained to one transfer and links
-that close (H5), links keyed by the CURVE server key (M5). Receivers run in this process, real sockets
-over 127.0.0.1."""
+"""Sender hardening: no-progress deadlines, failures contained to one transfer and links that close,
+links keyed by the CURVE server key. Receivers run in this process, real sockets over 127.0.0.1."""
 
 import contextlib
 import os
@@ -70,10 +69,10 @@ def until(cond, timeout=5.0):
     return cond()
 
 
-# -- H4: the deadline is "no progress", not "since the first chunk" -----------------------------------
+# -- the deadline is "no progress", not "since the first chunk" ---------------------------------------
 
 def test_acks_keep_a_long_transfer_alive():
-    """H4: 40 chunks at 100 ms take 4 s, twice the 2 s timeout; acks keep flowing, so it must end DONE
+    """40 chunks at 100 ms take 4 s, twice the 2 s timeout; acks keep flowing, so it must end DONE
     (a 1.9 s stall between acks is still progress)."""
     with receiver(faults=(F.SlowReceiver(0.1),)) as (rx, dst), sender(CFG.replace(timeout_s=2.0)) as tx:
         s = transfer(tx, rx, 1, wait=20)
@@ -83,7 +82,7 @@ def test_acks_keep_a_long_transfer_alive():
 
 
 def test_a_transfer_queued_behind_another_stays_alive():
-    """H4: transfer 3 waits ~4 s behind transfer 2 on the same link (oldest first) with a 2 s timeout."""
+    """Transfer 3 waits ~4 s behind transfer 2 on the same link (oldest first) with a 2 s timeout."""
     small = page_regions(LAYOUT, [20, 21])
     with receiver(faults=(F.SlowReceiver(0.1),)) as (rx, _), sender(CFG.replace(timeout_s=2.0)) as tx:
         rx.expect(2, TEN, 30)
@@ -130,10 +129,10 @@ def test_the_absolute_cap_is_explicit_and_ends_a_trickle():
                                "in state transferring")
 
 
-# -- H5: one error fails one transfer; the loop survives; a dead loop is visible -----------------------
+# -- one error fails one transfer; the loop survives; a dead loop is visible ---------------------------
 
 def test_running_out_of_sockets_fails_only_the_new_links():
-    """H5 repro: 30 sockets = 2 links of 4 connections (3 sockets each); links 3 and 4 cannot open."""
+    """Socket exhaustion: 30 sockets = 2 links of 4 connections (3 sockets each); links 3 and 4 cannot open."""
     cfg = CFG.replace(connections=4)
     with contextlib.ExitStack() as stack:
         rxs = [stack.enter_context(receiver())[0] for _ in range(4)]
@@ -146,7 +145,7 @@ def test_running_out_of_sockets_fails_only_the_new_links():
 
 
 def test_idle_links_close_so_every_endpoint_gets_one():
-    """H5: with 1 idle link kept, 5 decode endpoints in turn all succeed within 30 sockets (12 per link;
+    """With 1 idle link kept, 5 decode endpoints in turn all succeed within 30 sockets (12 per link;
     libzmq frees a closed socket's slot asynchronously, so room for two links is left)."""
     cfg = CFG.replace(connections=4, max_links=1)
     with contextlib.ExitStack() as stack:
@@ -165,7 +164,7 @@ def test_unused_links_close_after_link_idle_s():
 
 
 def test_an_error_in_one_transfer_fails_only_that_transfer():
-    """H5: a handler raising for transfer 50 fails it (the receiver hears Abort); 51 and the loop go on."""
+    """A handler raising for transfer 50 fails it (the receiver hears Abort); 51 and the loop go on."""
     with receiver() as (rx, _), sender() as tx:
         real = tx._frames.chunk_header
 
@@ -195,7 +194,7 @@ def test_a_malformed_server_key_fails_its_transfer(tmp_path):
 
 
 def test_a_dead_loop_fails_pending_transfers_and_refuses_work():
-    """H5: if the loop thread itself dies, `fatal` says why, statuses go terminal, calls fail fast."""
+    """If the loop thread itself dies, `fatal` says why, statuses go terminal, calls fail fast."""
     with sender() as tx, receiver() as (rx, _):
         assert tx.fatal is None and rx.fatal is None
         tx.send(70, PeerInfo("127.0.0.1", free_port()), TEN, last=True)  # waits for an OpenAck forever
@@ -236,7 +235,7 @@ def test_each_link_names_its_connections_with_its_own_secret_token():
         assert link_ids == [token + bytes([i]) for i in range(3)]
 
 
-# -- M5: a decode restarted on its fixed port with a new CURVE key --------------------------------------
+# -- a decode restarted on its fixed port with a new CURVE key ------------------------------------------
 
 def test_key_rotation_on_a_fixed_port(tmp_path):
     k1, k2 = str(tmp_path / "k1"), str(tmp_path / "k2")
