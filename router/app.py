@@ -14,7 +14,6 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import zmq.asyncio
@@ -25,6 +24,7 @@ from prfaas_sgl.cachepool.hashing import block_hashes
 from .admin import admin_refusal
 from .cluster import Cluster, check_health, health_loop, poll_loads
 from .config import RouterConfig
+from .controller_api import Controller
 from .controller_glue import build_controller
 from .forward import AttemptFailed, Forwarder
 from .intake import Intake
@@ -55,7 +55,7 @@ def error_response(e: ApiError) -> web.Response:
 class Router:
     """All state of one router; its handlers are bound methods."""
 
-    def __init__(self, cfg: RouterConfig, controller: Any = None) -> None:
+    def __init__(self, cfg: RouterConfig, controller: Controller | None = None) -> None:
         self.cfg = cfg
         self.tokenizer = PromptTokenizer(cfg.tokenizer_path)
         self.cluster = Cluster(cfg)
@@ -222,7 +222,8 @@ class RouterHandle:
         await self.router.close()
 
 
-async def start_router(cfg: RouterConfig, controller: Any = None, seed: int | None = None) -> RouterHandle:
+async def start_router(cfg: RouterConfig, controller: Controller | None = None,
+                       seed: int | None = None) -> RouterHandle:
     """Start a router on the running loop; returns once it accepts connections, its servers probed once (those
     that answered /health are in rotation, the others join at their first passing probe).
 

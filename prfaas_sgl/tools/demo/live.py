@@ -9,6 +9,7 @@ from typing import Any, Callable
 from prfaas_sgl.router.app import RouterHandle, start_router
 from prfaas_sgl.router.cluster import Cluster
 from prfaas_sgl.router.config import RouterConfig
+from prfaas_sgl.router.controller_api import Controller
 
 
 def use_servers(cluster: Cluster, names: tuple[str, ...]) -> None:
@@ -26,7 +27,7 @@ def use_servers(cluster: Cluster, names: tuple[str, ...]) -> None:
 class LiveRouter:
     """``start()`` a router from ``cfg`` with ``controller``; ``call(fn)`` runs ``fn(router)`` on its loop."""
 
-    def __init__(self, cfg: RouterConfig, controller: Any = None) -> None:
+    def __init__(self, cfg: RouterConfig, controller: Controller | None = None) -> None:
         self.cfg, self.controller = cfg, controller
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="demo-router", daemon=True)
