@@ -4,6 +4,7 @@
 exist on PyPI (and transformers probes an installed `kernels` package). Sub-packages are discovered, so no
 list is kept in sync by hand. `scenarios/` is installed as `prfaas_sgl.scenarios` with its TOML files as
 package data: the simulator's studies read them from the installed package, not from a repository checkout.
+`deploy/monitoring/` is installed as `prfaas_sgl.monitoring` with its alert rules, for `prfaas render prometheus`.
 
 `prfaas_sgl_boot.pth` must sit at the top of site-packages: SGLang's scheduler subprocess imports modules
 that do `from sgl_kernel import ...` before its plugin loader runs, so the CPU stand-in for `sgl_kernel`
@@ -21,8 +22,9 @@ ROOTS = {
     "prfaas_sgl.cachepool": "cachepool",
     "prfaas_sgl.kernels": "kernels",
     "prfaas_sgl.scenarios": "scenarios",
+    "prfaas_sgl.monitoring": "deploy/monitoring",
 }
-PACKAGE_DATA = {"prfaas_sgl.scenarios": ["*.toml"]}
+PACKAGE_DATA = {"prfaas_sgl.scenarios": ["*.toml"], "prfaas_sgl.monitoring": ["alerts.yml"]}
 PTH = "prfaas_sgl_boot.pth"
 
 

@@ -9,7 +9,8 @@ Targets come from the file `prfaas up` reads, so they never drift from the serve
 | ``prfaas-transport`` | ``--prfaas-zmq-stats-port`` of a server, and the router's ``transport_stats_url`` | always |
 
 Every target carries ``machine`` (and ``pool``, ``server`` for servers), so dashboards group by pool. Alert
-rules: deploy/monitoring/alerts.yml, copied next to the config (Prometheus reads rule files relative to it).
+rules: deploy/monitoring/alerts.yml (package data of ``prfaas_sgl.monitoring``), copied next to the config
+(Prometheus reads rule files relative to it).
 """
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from prfaas_sgl.config import is_loopback
+from prfaas_sgl.monitoring import alert_rules
 from prfaas_sgl.tools.deploy.config import Deployment, ServerEntry
 
-# the repository's copy: prfaas-sgl is installed editable (`make setup`), so this path is the checkout's
-RULES = Path(__file__).resolve().parents[3] / "deploy" / "monitoring" / "alerts.yml"
+RULES = alert_rules()  # the checkout's file in an editable install, the wheel's copy otherwise
 RULES_NAME = "prfaas-alerts.yml"
 WILDCARDS = ("", "0.0.0.0", "::")
 
@@ -140,8 +141,6 @@ def render(dep: Deployment, out: Path) -> list[Path]:
     config = out / "prometheus.yml"
     config.write_text("\n".join(header + to_yaml(scrape_config(dep))) + "\n")
     rules = out / RULES_NAME
-    if not RULES.is_file():
-        raise FileNotFoundError(f"{RULES}: the alert rules live in the prfaas-sgl checkout (pip install -e it)")
     shutil.copyfile(RULES, rules)
     return [config, rules]
 
