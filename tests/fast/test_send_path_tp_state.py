@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from prfaas_sgl.srt.backend.tp import layout_problem, pairing, sources, with_state_runs
-from prfaas_sgl.srt.backend.tp_state import StateTensor, byte_blocks, state_tensors
+from prfaas_sgl.srt.backend.tp import WHOLE, layout_problem, pairing, sources, with_state_runs
+from prfaas_sgl.srt.backend.tp_state import (Side, StateShapes, StateTensor, byte_blocks, first_source, local_states,
+                                              state_tensors)
 from prfaas_sgl.transfer.config import TransferConfig
 from prfaas_sgl.transfer.items import ByteRuns, ItemBatch, Items
 from prfaas_sgl.transfer.layout import BufferSpec, MemoryLayout
@@ -137,12 +138,12 @@ def transfer(src_pools, dst_pool, src_tp: int, dst_tp: int, dst_rank: int, src_s
             src_lay, src_bufs = layout_of(src_pools[r])
             ids = list(range(len(src_bufs)))
             src_states = state_tensors(kv_args_of(src_pools[r]), [ids], [b.item_len for b in src_lay.buffers])
-            assert layout_problem(src_lay, dst_lay, src_tp, dst_tp, 2, 1, src_states) is None
-            tx_pair = pairing(src_tp, dst_tp, r, dst_rank, 2, 1, 8, src_states, i_send=True)
-            rx_pair = pairing(src_tp, dst_tp, r, dst_rank, 2, 1, 8, dst_states, i_send=False)
+            assert layout_problem(src_lay, dst_lay, src_tp, dst_tp, 2, 1, StateShapes(src_states)) is None
+            tx_pair = pairing(src_tp, dst_tp, r, dst_rank, 2, 1, 8, src_states, me=Side.PREFILL)
+            rx_pair = pairing(src_tp, dst_tp, r, dst_rank, 2, 1, 8, dst_states, me=Side.DECODE)
             assert tx_pair.states == rx_pair.states  # both sides derive the same runs from their own facts
-            rx_batch = with_state_runs(ItemBatch((Items(tuple(ids), np.array([dst_slot])),)), rx_pair, ids, 1)
-            tx_batch = with_state_runs(ItemBatch((Items(tuple(ids), np.array([src_slot])),)), tx_pair, ids, 0)
+            rx_batch = with_state_runs(ItemBatch((Items(tuple(ids), np.array([dst_slot])),)), rx_pair, ids, Side.DECODE)
+            tx_batch = with_state_runs(ItemBatch((Items(tuple(ids), np.array([src_slot])),)), tx_pair, ids, Side.PREFILL)
             rx.expect(r, rx_batch)
             tx = ZmqSender(src_lay, src_bufs, CFG)
             senders.append(tx)
@@ -182,9 +183,9 @@ def test_state_item_lengths_that_do_not_shard_are_refused():
     lay = MemoryLayout((BufferSpec("kv", 64, 4), BufferSpec("state", 96, 2)))
     half = MemoryLayout((BufferSpec("kv", 32, 4), BufferSpec("state", 40, 2)))
     states = {1: StateTensor(96, 8)}
-    assert "do not shard into the peer's 40 B" in layout_problem(lay, half, 1, 2, 2, 1, states)
+    assert "do not shard into the peer's 40 B" in layout_problem(lay, half, 1, 2, 2, 1, StateShapes(states))
     ok = MemoryLayout((BufferSpec("kv", 32, 4), BufferSpec("state", 48, 2)))
-    assert layout_problem(lay, ok, 1, 2, 2, 1, states) is None
+    assert layout_problem(lay, ok, 1, 2, 2, 1, StateShapes(states)) is None
 
 
 def test_states_of_other_kinds_keep_the_refusal():
@@ -194,7 +195,31 @@ def test_states_of_other_kinds_keep_the_refusal():
     with pytest.raises(ValueError, match="'swa'; only Mamba/GDN/KDA"):
         state_tensors(args, [[1]], [64, 100])
     assert "cannot be sliced between TP sizes: no per-tensor" in layout_problem(
-        lay, half, 1, 2, 2, 1, "no per-tensor slice dims")
+        lay, half, 1, 2, 2, 1, StateShapes(problem="no per-tensor slice dims"))
+
+
+def test_aux_row_and_replicated_states_come_from_the_same_elected_source():
+    """What every prefill rank holds alike (the aux row, a dim-0 state slot) crosses once per decode rank,
+    from the one source `first_source` elects; equal TP pairs every item whole (`WHOLE`)."""
+    replicated = {2: StateTensor(64, 0)}
+    for src_tp, dst_tp in TP_PAIRS + [(8, 2), (4, 4)]:
+        for src_rank, dst_rank in itertools.product(range(src_tp), range(dst_tp)):
+            pair = pairing(src_tp, dst_tp, src_rank, dst_rank, 2, 1, 8, replicated)
+            if src_tp == dst_tp:
+                assert pair is WHOLE and pair.aux and pair.kv and pair.states is None
+                continue
+            elected = first_source(src_tp, dst_tp, src_rank)
+            assert pair.aux == (2 in pair.states) == elected
+        assert sum(first_source(src_tp, dst_tp, r) for r in range(src_tp)) == min(src_tp, dst_tp)
+
+
+def test_state_shapes_carry_why_they_cannot_be_sliced():
+    memory = SimpleNamespace(state_ids=[[1]], layout=MemoryLayout((BufferSpec("kv", 64, 4),
+                                                                   BufferSpec("state", 100, 2))))
+    refused = local_states(SimpleNamespace(state_types=["swa"], state_dim_per_tensor=[[]]), memory)
+    assert not refused.tensors and "'swa'; only Mamba/GDN/KDA" in refused.problem
+    ok = local_states(SimpleNamespace(state_types=["mamba"], state_dim_per_tensor=[[4]]), memory)
+    assert ok == StateShapes({1: StateTensor(100, 4)}) and not ok.problem
 
 
 def test_replica_source_without_kv_still_sends_its_state_shard():
@@ -205,7 +230,7 @@ def test_replica_source_without_kv_still_sends_its_state_shard():
         pair = pairing(4, 1, r, 0, 2, 1, 8, states)
         assert pair.kv == (r % 2 == 0) and pair.aux == (r == 0)
         assert pair.sends(last=True) and pair.sends(last=False) == pair.kv
-        src, dst = pair.states[2]
+        src, dst = pair.states[2].src, pair.states[2].dst
         assert src == ByteRuns(256, ((0, 256),)) and dst == ByteRuns(1024, ((r * 256, 256),))
 
 
@@ -304,17 +329,17 @@ def test_byte_runs_gather_and_land_on_strided_slabs():
     dst_lay, dst, dst_bufs = slabs([t.at(1, 2).item_len for t in tensors], False)
     rx, tx = ZmqReceiver(dst_lay, dst_bufs, CFG), ZmqSender(src_lay, src_bufs, CFG)
     try:
-        rx.expect(1, ItemBatch(tuple(Items((b,), np.array([3]), p[1]) for b, p in enumerate(pairs))))
-        tx.send(1, rx.address, ItemBatch(tuple(Items((b,), np.array([0]), p[0]) for b, p in enumerate(pairs))),
+        rx.expect(1, ItemBatch(tuple(Items((b,), np.array([3]), p.dst) for b, p in enumerate(pairs))))
+        tx.send(1, rx.address, ItemBatch(tuple(Items((b,), np.array([0]), p.src) for b, p in enumerate(pairs))),
                 last=True)
         assert rx.wait(1, 10).state is S.DONE
     finally:
         tx.close()
         rx.close()
-    for b, (t, (s_runs, _)) in enumerate(zip(tensors, pairs)):
+    for b, (t, runs) in enumerate(zip(tensors, pairs)):
         n, m = t.item_len, t.at(1, 2).item_len
         rows = dst[b].reshape(SLOTS, m + 40)
-        assert np.array_equal(rows[3, :m], src[b].reshape(SLOTS, n + 40)[0, :n][s_runs.columns()])
+        assert np.array_equal(rows[3, :m], src[b].reshape(SLOTS, n + 40)[0, :n][runs.src.columns()])
         assert (rows[:3] == 7).all() and (rows[3, m:] == 7).all()
     want_q = src[0].reshape(SLOTS, 136)[0, :96].reshape(16, 6)[[2, 3, 6, 7, 12, 13, 14, 15]]
     assert np.array_equal(dst[0].reshape(SLOTS, 88)[3, :48].reshape(8, 6), want_q)  # q1 | k1 | v1

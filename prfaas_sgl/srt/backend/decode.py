@@ -10,7 +10,8 @@ from sglang.srt.disaggregation.base.conn import KVPoll
 from prfaas_sgl.srt.backend import control
 from prfaas_sgl.srt.backend.manager import PrfaasKVManager
 from prfaas_sgl.srt.backend.memory import flat_states, index_len, transfer_id
-from prfaas_sgl.srt.backend.tp import Pairing, pairing, with_state_runs
+from prfaas_sgl.srt.backend.tp import WHOLE, Pairing, pairing, with_state_runs
+from prfaas_sgl.srt.backend.tp_state import Side
 from prfaas_sgl.srt.backend.settings import faults_from_env, offset_port
 from prfaas_sgl.transfer.states import first_failure
 
@@ -92,7 +93,7 @@ class DecodeManager(PrfaasKVManager):
                 continue  # a replica: another source sends these heads (tp.sends_kv) and has no state shard
             batch = self.memory.batch(kv_indices if pair.kv else (), state_indices, aux_index if pair.aux else None,
                                       head=pair.dst)  # checked vectorised by expect()
-            batch = with_state_runs(batch, pair, self.state_ids, side=1)
+            batch = with_state_runs(batch, pair, self.state_ids, Side.DECODE)
             tid = transfer_id(room, self.local_ip, self.rank_port, src)
             problem = self._expect_one(room, tid, batch, timeout_s)
             if problem:
@@ -108,18 +109,16 @@ class DecodeManager(PrfaasKVManager):
     def _pairing(self, src_tp: int | None, src: int) -> Pairing:
         my_tp = int(self.attn_tp_size)
         if src_tp is None or src_tp == my_tp or getattr(self, "is_mla_backend", False):
-            return Pairing(None, None, True, True)
+            return WHOLE
         total = int(getattr(self.kv_args, "total_kv_head_num", 0) or 0) or \
             int(getattr(self.kv_args, "kv_head_num", 0) or 0) * my_tp
         item = self.memory.layout.buffers[self.memory.kv_ids[0]].item_len
         unit = item // (self.kv_args.page_size * max(1, total // my_tp))
-        states = self.state_shapes
-        if isinstance(states, str):
-            if self.state_ids:
-                raise ValueError(states)  # expect() fails the room with it
-            states = {}
+        shapes = self.state_shapes
+        if shapes.problem and self.state_ids:
+            raise ValueError(shapes.problem)  # expect() fails the room with it
         return pairing(src_tp, my_tp, src, int(getattr(self, "attn_tp_rank", 0) or 0), total,
-                       self.kv_args.page_size, unit, states, i_send=False)
+                       self.kv_args.page_size, unit, shapes.tensors, me=Side.DECODE)
 
     def _expect_one(self, room: int, tid: int, batch, timeout_s: float) -> str | None:
         try:

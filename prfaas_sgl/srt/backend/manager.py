@@ -22,7 +22,7 @@ from prfaas_sgl.srt import flags
 from prfaas_sgl.srt.backend import control
 from prfaas_sgl.srt.backend.memory import KVMemory
 from prfaas_sgl.srt.backend.settings import insecure_problem, transfer_config
-from prfaas_sgl.srt.backend.tp_state import StateTensor, local_states
+from prfaas_sgl.srt.backend.tp_state import StateShapes, local_states
 from prfaas_sgl.transfer.api import Transport, ZmqTransport
 from prfaas_sgl.transfer.security import register_secret
 
@@ -81,7 +81,7 @@ class PrfaasKVManager(CommonKVManager):
         log.info("prfaas_zmq %s rank %s: %s", disaggregation_mode.value, args.engine_rank, self.memory.describe())
 
     @functools.cached_property
-    def state_shapes(self) -> dict[int, StateTensor] | str:
+    def state_shapes(self) -> StateShapes:
         """This rank's state slots as SGLang describes them (tp_state), for peers at another attention TP;
         or why they cannot be sliced (a peer at another TP is then refused with it)."""
         return local_states(self.kv_args, self.memory)

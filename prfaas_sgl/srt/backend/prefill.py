@@ -22,7 +22,8 @@ from prfaas_sgl.srt.backend.admission import Admission, PeerBook, same_host
 from prfaas_sgl.srt.backend.manager import PrfaasKVManager
 from prfaas_sgl.srt.backend.memory import index_len, transfer_id
 from prfaas_sgl.srt.backend.rooms import Unstarted, join_problem
-from prfaas_sgl.srt.backend.tp import Pairing, layout_problem, pairing, with_state_runs
+from prfaas_sgl.srt.backend.tp import WHOLE, Pairing, layout_problem, pairing, with_state_runs
+from prfaas_sgl.srt.backend.tp_state import Side
 from prfaas_sgl.srt.backend.settings import faults_from_env, offset_port
 from prfaas_sgl.transfer.config import PeerInfo
 from prfaas_sgl.transfer.states import TransferState, TransferStatus, first_failure
@@ -118,7 +119,7 @@ class PrefillManager(PrfaasKVManager):
             return None
         batch = self.memory.batch(kv_indices if pair.kv else (), state_indices if last else None,
                                   aux_index if last and pair.aux else None, head=pair.src, **sync)
-        return with_state_runs(batch, pair, self.state_ids, side=0)
+        return with_state_runs(batch, pair, self.state_ids, Side.PREFILL)
 
     def _sync(self, wait_event, indices_event) -> dict:
         """What the stager must wait for before reading this chunk (see add_transfer_request)."""
@@ -135,13 +136,13 @@ class PrefillManager(PrfaasKVManager):
         """What this rank sends to decode `session` (whole items if it is not registered; _send fails it)."""
         peer = self.peers.get(session)
         if peer is None:
-            return Pairing(None, None, True, True)
+            return WHOLE
         my_tp = int(self.attn_tp_size)
         if peer.attn_tp_size == my_tp or getattr(self, "is_mla_backend", False):
-            return Pairing(None, None, True, True)
-        states = self.state_shapes if isinstance(self.state_shapes, dict) else {}  # a str: the peer was refused
+            return WHOLE
+        # states that cannot be sliced (`problem`) have no tensors: such a peer was refused at Register
         return pairing(my_tp, peer.attn_tp_size, self._src_rank, peer.tp_rank, self._total_heads(my_tp),
-                       self.kv_args.page_size, self._head_bytes(my_tp), states)
+                       self.kv_args.page_size, self._head_bytes(my_tp), self.state_shapes.tensors)
 
     @property
     def _src_rank(self) -> int:

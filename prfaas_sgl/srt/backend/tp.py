@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
-from prfaas_sgl.srt.backend.tp_state import StateTensor, state_runs
-from prfaas_sgl.transfer.items import ByteRuns, HeadSlice, ItemBatch, Items, Slice
+from prfaas_sgl.srt.backend.tp_state import Side, StateRuns, StateShapes, StateTensor, first_source, state_runs
+from prfaas_sgl.transfer.items import HeadSlice, ItemBatch, Items, Slice
 from prfaas_sgl.transfer.layout import MemoryLayout
 
 
@@ -63,22 +63,17 @@ def sends_kv(src_tp: int, dst_tp: int, src_rank: int, total_heads: int) -> bool:
     return (src_rank % src_tp) % run == 0
 
 
-def sends_aux(src_tp: int, dst_tp: int, src_rank: int) -> bool:
-    """The aux row (first token, ...) is the same on every rank: the first source of a decode rank sends it."""
-    return src_tp <= dst_tp or (src_rank % src_tp) % (src_tp // dst_tp) == 0
-
-
 @dataclass(frozen=True, slots=True)
 class Pairing:
     """What one prefill rank sends to one decode rank: the K/V head slice on each side (None = whole
     items, equal TP), whether K/V and aux go at all, and `states`: per state buffer id that goes, its
-    (src, dst) byte runs (None = every state buffer whole, equal TP)."""
+    byte runs on each side (None = every state buffer whole, equal TP). The defaults are `WHOLE`."""
 
-    src: HeadSlice | None
-    dst: HeadSlice | None
-    kv: bool
-    aux: bool
-    states: dict[int, tuple[ByteRuns, ByteRuns]] | None = None
+    src: HeadSlice | None = None
+    dst: HeadSlice | None = None
+    kv: bool = True
+    aux: bool = True
+    states: Mapping[int, StateRuns] | None = None
 
     def sends(self, last: bool) -> bool:
         """Anything goes with a chunk (`last`: the one that carries states and aux)?"""
@@ -89,24 +84,28 @@ class Pairing:
         return not self.sends(last=True)
 
 
+WHOLE = Pairing()  # equal TP (or MLA): every item whole, everything goes
+
+
 def pairing(src_tp: int, dst_tp: int, src_rank: int, dst_rank: int, total_heads: int, page_size: int,
-            head_bytes: int, states: Mapping[int, StateTensor] | None = None, i_send: bool = True) -> Pairing:
+            head_bytes: int, states: Mapping[int, StateTensor] | None = None, me: Side = Side.PREFILL) -> Pairing:
     """`head_bytes`: bytes of one head of one token (head_dim × dtype size) in a K or V buffer; `states`:
-    this side's state buffers (tp_state.state_tensors; the prefill's if `i_send`)."""
+    the state buffers of this side, which is `me` (tp_state.state_tensors)."""
     if src_tp == dst_tp:
-        return Pairing(None, None, True, True)
+        return WHOLE
     s0, n, d0, _ = head_slice_params(src_tp, dst_tp, src_rank, dst_rank, total_heads)
     src_heads, dst_heads = max(1, total_heads // src_tp), max(1, total_heads // dst_tp)
-    my_tp, peer_tp = (src_tp, dst_tp) if i_send else (dst_tp, src_tp)
-    runs = state_runs(states or {}, my_tp, peer_tp, src_rank, dst_rank, i_send)
-    return Pairing(HeadSlice(page_size, src_heads, head_bytes, s0, n),
-                   HeadSlice(page_size, dst_heads, head_bytes, d0, n),
-                   sends_kv(src_tp, dst_tp, src_rank, total_heads), sends_aux(src_tp, dst_tp, src_rank), runs)
+    my_tp, peer_tp = (src_tp, dst_tp) if me is Side.PREFILL else (dst_tp, src_tp)
+    return Pairing(src=HeadSlice(page_size, src_heads, head_bytes, s0, n),
+                   dst=HeadSlice(page_size, dst_heads, head_bytes, d0, n),
+                   kv=sends_kv(src_tp, dst_tp, src_rank, total_heads),
+                   aux=first_source(src_tp, dst_tp, src_rank),  # the aux row is alike on every rank
+                   states=state_runs(states or {}, my_tp, peer_tp, src_rank, dst_rank, me))
 
 
-def with_state_runs(batch: ItemBatch, pair: Pairing, state_ids: Collection[int], side: int) -> ItemBatch:
-    """`batch` with each state buffer's items under its byte runs (`side` 0: the prefill's, 1: the
-    decode's); state buffers that do not go in this pairing are left out. Equal TP: `batch` as it is."""
+def with_state_runs(batch: ItemBatch, pair: Pairing, state_ids: Collection[int], side: Side) -> ItemBatch:
+    """`batch` with each state buffer's items under its byte runs on `side`; state buffers that do not go
+    in this pairing are left out. Equal TP: `batch` as it is."""
     if pair.states is None:
         return batch
     groups: list[Items] = []
@@ -117,7 +116,7 @@ def with_state_runs(batch: ItemBatch, pair: Pairing, state_ids: Collection[int],
         by_slice: dict[Slice, list[int]] = {}  # buffers sharing a slice (every conv layer, ...) stay one group
         for b in g.buffer_ids:
             if b in pair.states:
-                by_slice.setdefault(pair.states[b][side], []).append(b)
+                by_slice.setdefault(pair.states[b].on(side), []).append(b)
         groups += [Items(tuple(ids), g.index, runs) for runs, ids in by_slice.items()]
     return replace(batch, groups=tuple(groups))
 
@@ -130,9 +129,9 @@ def head_bytes(item_len: int, page_size: int, tp: int, total_heads: int) -> int 
 
 
 def layout_problem(mine: MemoryLayout, theirs: MemoryLayout, my_tp: int, their_tp: int, total_heads: int,
-                   page_size: int, states: Mapping[int, StateTensor] | str = "") -> str | None:
+                   page_size: int, states: StateShapes = StateShapes()) -> str | None:
     """Why a peer at another attention TP cannot exchange K/V and states with us, or None (equal TP: see
-    mismatch()). `states`: our state buffers (tp_state.state_tensors), or why they cannot be sliced."""
+    mismatch()). `states`: our state buffers (tp_state.local_states), or why they cannot be sliced."""
     if my_tp == their_tp:
         return mine.mismatch(theirs)
     kv, state = mine.ids_of("kv"), mine.ids_of("state")
@@ -150,15 +149,13 @@ def layout_problem(mine: MemoryLayout, theirs: MemoryLayout, my_tp: int, their_t
 
 
 def _state_problem(theirs: MemoryLayout, my_tp: int, their_tp: int, ids: list[int],
-                   states: Mapping[int, StateTensor] | str) -> str | None:
+                   shapes: StateShapes) -> str | None:
     """Our state buffers must shard into the peer's: the slot it registered is the one SGLang's rule
     gives at its TP."""
     if not ids:
         return None
-    if isinstance(states, str):
-        why = states or "no per-tensor slice dims known"
-    else:
-        why = "" if set(ids) <= set(states) else "no per-tensor slice dims known for every state buffer"
+    states = shapes.tensors
+    why = shapes.problem or ("" if set(ids) <= set(states) else "no per-tensor slice dims known for every state buffer")
     if why:
         return (f"attention TP differs (here {my_tp}, peer {their_tp}) and the state buffers cannot be sliced "
                 f"between TP sizes: {why}; run equal TP")

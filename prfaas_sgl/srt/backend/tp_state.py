@@ -19,14 +19,33 @@ derives the peer's from the two TP sizes, so no message carries them.
 """
 from __future__ import annotations
 
+import enum
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prfaas_sgl.transfer.items import ByteRuns
 
 Block = tuple[int, int, int]  # (src start, dst start, count), in dims or bytes
+
+
+class Side(enum.Enum):
+    """Which end of a transfer a rank is on: the prefill sends, the decode receives."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True, slots=True)
+class StateRuns:
+    """One state slot's byte runs on each side: the same bytes, in the same stream order."""
+
+    src: ByteRuns
+    dst: ByteRuns
+
+    def on(self, side: Side) -> ByteRuns:
+        return self.src if side is Side.PREFILL else self.dst
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +71,10 @@ class StateTensor:
         return StateTensor(dim * self.outer * (self.item_len // per), dim, self.outer, self.groups)
 
 
-def sends_replicated(src_tp: int, dst_tp: int, src_rank: int) -> bool:
-    """SGLang's `should_send_replicated_state`: in aggregation only the first source of a decode rank."""
+def first_source(src_tp: int, dst_tp: int, src_rank: int) -> bool:
+    """Whether prefill rank `src_rank` is the first of its decode rank's sources, the one that sends what
+    every source holds alike (a replicated state slot, the aux row). SGLang's
+    `should_send_replicated_state`: in aggregation only the first source sends."""
     return src_tp <= dst_tp or (src_rank % src_tp) % (src_tp // dst_tp) == 0
 
 
@@ -91,7 +112,7 @@ def byte_blocks(src: StateTensor, dst: StateTensor, src_tp: int, dst_tp: int, sr
     if src.dim == 0:
         if src.item_len != dst.item_len:
             raise ValueError(f"replicated state item lengths differ: {src.item_len} != {dst.item_len}")
-        return [(0, 0, src.item_len)] if sends_replicated(src_tp, dst_tp, src_rank) else []
+        return [(0, 0, src.item_len)] if first_source(src_tp, dst_tp, src_rank) else []
     src_unit = src.item_len // (src.dim * src.outer)
     dst_unit = dst.item_len // (dst.dim * dst.outer)
     logical = slice_blocks(src.dim, dst.dim, src_tp, dst_tp, dst_rank, src_rank, src.groups)
@@ -101,28 +122,28 @@ def byte_blocks(src: StateTensor, dst: StateTensor, src_tp: int, dst_tp: int, sr
 
 @functools.lru_cache(maxsize=1024)
 def runs_pair(src: StateTensor, dst: StateTensor, src_tp: int, dst_tp: int, src_rank: int,
-              dst_rank: int) -> tuple[ByteRuns, ByteRuns] | None:
-    """The slot's byte runs on each side (the same bytes in the same stream order), or None: nothing goes.
-    Cached: a pairing repeats for every room."""
+              dst_rank: int) -> StateRuns | None:
+    """The slot's byte runs on each side, or None: nothing goes. Cached: a pairing repeats for every room."""
     blocks = byte_blocks(src, dst, src_tp, dst_tp, src_rank, dst_rank)
     if not blocks:
         return None
-    return (ByteRuns(src.item_len, tuple((s, n) for s, _, n in blocks)),
-            ByteRuns(dst.item_len, tuple((d, n) for _, d, n in blocks)))
+    return StateRuns(ByteRuns(src.item_len, tuple((s, n) for s, _, n in blocks)),
+                     ByteRuns(dst.item_len, tuple((d, n) for _, d, n in blocks)))
 
 
 def state_runs(mine: Mapping[int, StateTensor], my_tp: int, peer_tp: int, src_rank: int, dst_rank: int,
-               i_send: bool) -> dict[int, tuple[ByteRuns, ByteRuns]]:
-    """Per state buffer id: (src runs, dst runs) between prefill rank `src_rank` and decode rank
-    `dst_rank`; `mine` describes this side (the prefill if `i_send`). Buffers that do not go are absent."""
-    src_tp, dst_tp = (my_tp, peer_tp) if i_send else (peer_tp, my_tp)
+               me: Side) -> dict[int, StateRuns]:
+    """Per state buffer id: its runs between prefill rank `src_rank` and decode rank `dst_rank`; `mine`
+    describes this side, which is `me`. Buffers that do not go are absent."""
+    sending = me is Side.PREFILL
+    src_tp, dst_tp = (my_tp, peer_tp) if sending else (peer_tp, my_tp)
     out = {}
     for b, t in mine.items():
         peer = t.at(my_tp, peer_tp)
         if peer is None:
             raise ValueError(f"state buffer {b} ({t}) does not shard from TP {my_tp} to TP {peer_tp}")
-        pair = runs_pair(t, peer, src_tp, dst_tp, src_rank, dst_rank) if i_send else \
-            runs_pair(peer, t, src_tp, dst_tp, src_rank, dst_rank)
+        src, dst = (t, peer) if sending else (peer, t)
+        pair = runs_pair(src, dst, src_tp, dst_tp, src_rank, dst_rank)
         if pair is not None:
             out[b] = pair
     return out
@@ -154,10 +175,19 @@ def _component(kv_args: Any, name: str, c: int) -> list:
     return list(per[c] or []) if c < len(per) else []
 
 
-def local_states(kv_args: Any, memory: Any) -> dict[int, StateTensor] | str:
+@dataclass(frozen=True, slots=True)
+class StateShapes:
+    """This rank's state buffers, for peers at another attention TP: `tensors` per buffer id, or, when
+    `problem` is set, why they cannot be sliced between TP sizes (`tensors` is then empty)."""
+
+    tensors: Mapping[int, StateTensor] = field(default_factory=dict)
+    problem: str = ""
+
+
+def local_states(kv_args: Any, memory: Any) -> StateShapes:
     """`state_tensors` of a manager's KVMemory, or why its states cannot be sliced between TP sizes
     (then a peer at another TP is refused at Register with that reason)."""
     try:
-        return state_tensors(kv_args, memory.state_ids, [b.item_len for b in memory.layout.buffers])
+        return StateShapes(state_tensors(kv_args, memory.state_ids, [b.item_len for b in memory.layout.buffers]))
     except ValueError as e:
-        return str(e)
+        return StateShapes(problem=str(e))
