@@ -25,7 +25,7 @@ from sglang.srt.server_args import ServerArgs  # noqa: E402
 from prfaas_sgl.config import PrfaasConfig  # noqa: E402
 from prfaas_sgl.srt import flags  # noqa: E402
 from prfaas_sgl.srt.backend import manager as manager_module  # noqa: E402
-from prfaas_sgl.srt.backend.conn import PrfaasKVReceiver, PrfaasKVSender  # noqa: E402
+from prfaas_sgl.srt.backend.conn import PrfaasKVReceiver, PrfaasKVSender, kv_manager  # noqa: E402
 from prfaas_sgl.srt.backend.manager import PrfaasKVManager  # noqa: E402
 from prfaas_sgl.srt.backend.memory import transfer_id  # noqa: E402
 from tests.support.fake_transport import FakeTransport  # noqa: E402
@@ -119,8 +119,8 @@ def make_pd(monkeypatch):
         sglang_rc.publish(sa, role="scheduler", ranks=sglang_rc.SpawnRanks(world_rank=0))
         sglang_rc.get_parallel().override_permanently(pp_group=None)  # pipeline size 1: never used
         net, src, dst, mark = FakeTransport(), pools(7), pools(None), len(threads)
-        p = PrfaasKVManager(kv_args(src), DisaggregationMode.PREFILL, sa, transport=net if fake else None)
-        d = PrfaasKVManager(kv_args(dst), DisaggregationMode.DECODE, sa, transport=net if fake else None)
+        p = kv_manager(kv_args(src), DisaggregationMode.PREFILL, sa, transport=net if fake else None)
+        d = kv_manager(kv_args(dst), DisaggregationMode.DECODE, sa, transport=net if fake else None)
         # what try_ensure_parallel_info and the bootstrap server's /route would tell the decode
         d.prefill_info_table[ADDR] = PrefillServerInfo(
             attn_tp_size=1, attn_cp_size=1, dp_size=1, pp_size=1, page_size=1, kv_cache_dtype="bfloat16",

@@ -155,6 +155,40 @@ def test_cycle_finder_sees_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {("a", "b", "c")}
 
 
+# Packages whose modules may not import one another in a circle even from inside a function: there a lazy
+# import that runs back up hides which module is the base and which the role (the KV managers: manager.py
+# is the shared base, prefill.py/decode.py its roles, conn.py picks one).
+NO_LAZY_CYCLES = ("prfaas_sgl.srt.backend",)
+
+
+def _imports_at_any_depth(module: str, node: ast.AST) -> set[str]:
+    """Every import ``node`` can run, inside functions too (not under `if TYPE_CHECKING:`: never at run time)."""
+    if isinstance(node, ast.If) and _type_checking(node):
+        return set().union(*(_imports_at_any_depth(module, n) for n in node.orelse))
+    out = set(_imported(module, node))
+    for child in ast.iter_child_nodes(node):
+        out |= _imports_at_any_depth(module, child)
+    return out
+
+
+def _package_graph(package: str) -> dict[str, set[str]]:
+    inside = {m: tree for m, (_, tree) in MODULES.items() if _in(m, package)}
+    return {m: {d for d in _imports_at_any_depth(m, tree) if d in inside and d != m} for m, tree in inside.items()}
+
+
+def test_no_import_cycles_even_through_function_level_imports():
+    for package in NO_LAZY_CYCLES:
+        graph = _package_graph(package)
+        assert len(graph) > 1 and any(graph.values())  # the package is there and its modules import each other
+        assert _cycles(graph) == set(), package
+
+
+def test_imports_at_any_depth_see_function_level_and_skip_type_checking():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\nelse:\n    import b\n"
+                     "def f():\n    import c\nclass K:\n    def g(self):\n        from d import e\n")
+    assert _imports_at_any_depth("x", tree) == {"typing", "b", "c", "d"}
+
+
 def _in(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 

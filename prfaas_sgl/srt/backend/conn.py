@@ -1,12 +1,28 @@
-"""Per-request sender/receiver and the bootstrap server of `prfaas_zmq` (SGLang's common ones, plus
-the data-plane hand-offs of the decode receiver)."""
+"""The classes SGLang asks `prfaas_zmq` for (`CLASSES`): the KV manager of a role, the per-request
+sender/receiver and the bootstrap server (SGLang's common ones, plus the data-plane hand-offs of the decode
+receiver)."""
 from __future__ import annotations
 
 from sglang.srt.disaggregation.base.conn import KVPoll, KVTransferDestination
 from sglang.srt.disaggregation.common.conn import CommonKVBootstrapServer, CommonKVReceiver, CommonKVSender
+from sglang.srt.disaggregation.utils import DisaggregationMode
 
 from prfaas_sgl.srt.backend import control
+from prfaas_sgl.srt.backend.decode import DecodeManager
 from prfaas_sgl.srt.backend.manager import PrfaasKVManager
+from prfaas_sgl.srt.backend.prefill import PrefillManager
+
+ROLE_MANAGERS: dict[DisaggregationMode, type[PrfaasKVManager]] = {
+    DisaggregationMode.PREFILL: PrefillManager, DisaggregationMode.DECODE: DecodeManager}
+
+
+def kv_manager(args, disaggregation_mode, server_args, is_mla_backend=False, **kw) -> PrfaasKVManager:
+    """SGLang's KV manager constructor for `prfaas_zmq` (one per scheduler rank and role): the role's
+    subclass, built with SGLang's four arguments (``kw``: ``transport``, tests pass a fake one)."""
+    role = ROLE_MANAGERS.get(disaggregation_mode)
+    if role is None:
+        raise ValueError(f"prfaas_zmq: unsupported disaggregation mode {disaggregation_mode}")
+    return role(args, disaggregation_mode, server_args, is_mla_backend, **kw)
 
 
 class PrfaasKVSender(CommonKVSender):
@@ -83,5 +99,5 @@ class PrfaasKVBootstrapServer(CommonKVBootstrapServer):
     pass
 
 
-CLASSES = {"manager": PrfaasKVManager, "sender": PrfaasKVSender, "receiver": PrfaasKVReceiver,
+CLASSES = {"manager": kv_manager, "sender": PrfaasKVSender, "receiver": PrfaasKVReceiver,
            "bootstrap_server": PrfaasKVBootstrapServer}

@@ -1,6 +1,7 @@
 """`PrfaasKVManager`: SGLang's common KV manager (bootstrap, registration, heartbeats, abort, status
-messages) with the ZeroMQ data plane underneath. SGLang builds one manager per scheduler rank and role;
-`PrfaasKVManager(...)` returns the role's subclass (`prefill.PrefillManager` / `decode.DecodeManager`).
+messages) with the ZeroMQ data plane underneath, the part both roles share. SGLang builds one manager per
+scheduler rank and role: the role's subclass (`prefill.PrefillManager` / `decode.DecodeManager`), picked by
+`conn.kv_manager`, which sits above all three so that this base never imports its subclasses.
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from collections.abc import Callable
 import zmq
 from sglang.srt.disaggregation.base.conn import KVPoll
 from sglang.srt.disaggregation.common.conn import CommonKVManager
-from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.utils.network import config_socket, is_valid_ipv6_address
 
 from prfaas_sgl.srt import flags
@@ -45,14 +45,10 @@ class PrfaasKVManager(CommonKVManager):
     kv_status_msg_carries_reason = True
     reports_transfer_latency = True
 
-    def __new__(cls, args, disaggregation_mode, *rest, **kw):
-        if cls is PrfaasKVManager:
-            if disaggregation_mode == DisaggregationMode.PREFILL:
-                from prfaas_sgl.srt.backend.prefill import PrefillManager as cls
-            elif disaggregation_mode == DisaggregationMode.DECODE:
-                from prfaas_sgl.srt.backend.decode import DecodeManager as cls
-            else:
-                raise ValueError(f"prfaas_zmq: unsupported disaggregation mode {disaggregation_mode}")
+    def __new__(cls, *args, **kw):
+        if cls is PrfaasKVManager:  # the base alone serves neither role: it would fail at the first request
+            raise TypeError("PrfaasKVManager is the roles' shared base: build a manager with conn.kv_manager(...) "
+                            "(or PrefillManager / DecodeManager)")
         return super().__new__(cls)
 
     def __init__(self, args, disaggregation_mode, server_args, is_mla_backend=False, *,
