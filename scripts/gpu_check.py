@@ -116,6 +116,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("GPU_CHECK_OUT", "out/gpu_check"))
     ap.add_argument("--quick", action="store_true", help="smaller benchmarks (a rerun with little time left)")
+    ap.add_argument("--only", nargs="+", help="run only these sections (env always runs)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -132,19 +133,22 @@ def main() -> int:
     py, sizes = sys.executable, (["--kv-tokens", "500000"] if args.quick else ["--kv-tokens", "500000", "2000000"])
     report["sections"] = {"env": Section("env", [py, "-c", ENV_PROBE], 60, env, out).wait()}
     # FlashInfer's JIT builds keep the CPUs busy: the correctness tests overlap them, the benchmarks wait.
+    want = set(args.only or ["transport", "attention", "cachepool", "send_path", "paged_bench"])
     bg = Section("attention", PYTEST + ["-n", "8", "tests/fast/test_kernels_paged_attention.py",
-                                        "tests/gpu/test_slab_devices.py"], 300, {**env, "MAX_JOBS": "2"}, out)
-    report["sections"]["transport"] = Section("transport", PYTEST + [
-        "tests/gpu/test_staging_gpu.py", "tests/gpu/test_transport_devices.py"], 150, env, out).wait()
-    _save(out, report)
-    report["sections"]["attention"] = bg.wait()
-    _save(out, report)
+                                        "tests/gpu/test_slab_devices.py"], 300, {**env, "MAX_JOBS": "2"}, out) if "attention" in want else None
+    if "transport" in want:
+        report["sections"]["transport"] = Section("transport", PYTEST + [
+            "tests/gpu/test_staging_gpu.py", "tests/gpu/test_transport_devices.py"], 150, env, out).wait()
+        _save(out, report)
+    if bg is not None:
+        report["sections"]["attention"] = bg.wait()
+        _save(out, report)
     benches = [
         ("cachepool", [py, "scripts/bench_cachepool_device.py", *sizes, "--devices", "cpu", "cuda"], 100),
         ("send_path", [py, "scripts/bench_send_device.py", "--devices", "cpu", "cuda", "--tokens", "4096", "16384"], 100),
         ("paged_bench", [py, "scripts/bench_paged_attention.py", "--device", "cuda", "--head-dim", "128"], 60),
     ]
-    for name, cmd, limit in benches:
+    for name, cmd, limit in [b for b in benches if b[0] in want]:
         result = out / f"{name}.json"
         report["sections"][name] = Section(name, cmd + ["--out", str(result)], limit, env, out, result).wait()
         _save(out, report)

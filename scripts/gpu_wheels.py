@@ -28,10 +28,12 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x
              "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 # Paths inside flashinfer's wheel that its FA2 batch prefill/decode JIT never reads: source trees of other
 # kernel families under data/csrc/<dir>/ (the FA2 sources are files directly in data/csrc and include only
-# data/include, tvm_ffi, cutlass/include and spdlog), and CUTLASS's examples, Python and docs.
+# data/include, tvm_ffi, spdlog and CUTLASS's include/ and tools/util/include/: the Hopper (FA3) prefill that
+# FlashInfer picks on sm_90 includes cutlass/util/command_line.h from the latter), and CUTLASS's examples,
+# Python and docs.
 KEEP_CSRC_DIRS = ()  # no data/csrc subfolder is read by the paged FA2 kernels
 TRIM_PREFIXES = ("flashinfer/data/cutlass/examples/", "flashinfer/data/cutlass/python/",
-                 "flashinfer/data/cutlass/docs/", "flashinfer/data/cutlass/test/", "flashinfer/data/cutlass/tools/",
+                 "flashinfer/data/cutlass/docs/", "flashinfer/data/cutlass/test/",
                  "flashinfer/data/cutlass/media/")
 
 

@@ -52,6 +52,7 @@ def _site_dirs() -> list[str]:
     ("flashinfer/data/csrc/batch_decode_customize_config.jinja", False),
     ("flashinfer/data/include/flashinfer/attention/prefill.cuh", False),
     ("flashinfer/data/cutlass/include/cute/tensor.hpp", False),
+    ("flashinfer/data/cutlass/tools/util/include/cutlass/util/command_line.h", False),  # FA3 on sm_90 reads it
     ("flashinfer/fused_moe/core.py", False),
     ("flashinfer/data/csrc/kda/kda_fwd.cu", True),
     ("flashinfer/data/csrc/fused_moe/cutlass_backend/x.cu", True),
