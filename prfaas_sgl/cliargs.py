@@ -1,68 +1,140 @@
 """Command-line flags generated from a frozen config dataclass: one flag per field, help from the field.
 
 The one generator behind the router's flags (`router/config.py`), the plugin's `--prfaas-*` SGLang flags
-(`prfaas_sgl/config.py`) and the load generator's (`prfaas_sgl/tools/loadgen/config.py`). Each field's
-``metadata["help"]`` is the help text; ``metadata["choices"]``, when set, the allowed values. No torch, no
-sglang: the plugin module imports this in every SGLang process.
+(`prfaas_sgl/config.py`), the load generator's (`prfaas_sgl/tools/loadgen/config.py`) and the simulator's
+flat [sim] keys (`router/sim/config.py`). Each field's ``metadata["help"]`` is the help text;
+``metadata["choices"]``, when set, the allowed values. No torch, no sglang: the plugin module imports this in
+every SGLang process.
+
+A knob is declared once, in the dataclass that uses it (`PolicyParams`, `ModelCost`, `ControllerConfig`,
+`DecideConfig`, `TransferConfig`). A process's config holds that dataclass as one field made by `nested`,
+which names the sub-config's fields that get a flag and each flag's name: ``--switch-dwell-s`` sets
+``DecideConfig.dwell_s``. A sub-config refuses a value with `FieldError`, naming its own field; `build`
+re-raises it naming the flag.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, Field, fields, is_dataclass
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
+from types import MappingProxyType
 from typing import Any, get_type_hints
 
-NO_RENAME: Mapping[str, str] = {}
+NESTED = "flags"  # metadata key of a `nested` field: sub-config field -> its flag's name (snake_case)
+
+
+def knob(default: Any, help: str, *, choices: tuple | None = None, secret: bool = False) -> Any:
+    """A config field whose flag says ``help``; ``secret`` keeps its value out of repr."""
+    return field(default=default, metadata={"help": help, "choices": choices}, repr=not secret)
+
+
+def nested(default: Any, flags: Mapping[str, str]) -> Any:
+    """A field holding the sub-config ``default`` (a frozen dataclass instance, also the flags' defaults):
+    ``flags`` maps each of its fields that a flag sets to that flag's name; the others keep ``default``'s
+    values."""
+    return field(default_factory=lambda: default, metadata={NESTED: MappingProxyType(dict(flags))})
+
+
+def same_names(cls: type, *, but: tuple[str, ...] = (), **renames: str) -> dict[str, str]:
+    """For `nested`: every field of ``cls`` except ``but``, each under its own name or ``renames[field]``."""
+    return {f.name: renames.get(f.name, f.name) for f in fields(cls) if f.name not in but}
+
+
+class FieldError(ValueError):
+    """A config dataclass refuses the value of its field ``field``; the message is in the class's own
+    words (its field names). `build` re-raises it naming the flag that sets the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def field_default(f: Field) -> Any:
     return f.default_factory() if f.default is MISSING and f.default_factory is not MISSING else f.default
 
 
-def add_fields(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, *, prefix: str = "",
-               dest_prefix: str = "", rename: Mapping[str, str] = NO_RENAME, default: Any = MISSING,
-               switch: str | type[argparse.Action] = argparse.BooleanOptionalAction, help_suffix: str = "",
-               by_type: Callable[[Any], dict[str, Any] | None] = lambda hint: None) -> None:
-    """Add ``--<prefix><name>`` (dest ``<dest_prefix><name>``) for every field of the dataclass ``cls``; a
-    field holding a dataclass (a nested sub-config) adds its fields' flags instead, with the same options.
+@dataclass(frozen=True, slots=True)
+class FlagField:
+    """One flag and the one field it sets: ``cls``'s field ``name``, held by the owner's nested field
+    ``path`` ("" for the owner's own field). ``key`` is the flag's snake_case name (its dest without a
+    prefix, a --config key); ``default`` the value it has when the flag is absent."""
 
-    ``rename`` maps a field to another flag/dest name; ``default`` overrides every field's own default
-    (``argparse.SUPPRESS``: absent flags stay out of the namespace); ``switch`` is the action of bool
-    fields; ``by_type`` returns the argparse keywords for a field type it handles (None: ``type=hint``).
-    """
-    opts = dict(prefix=prefix, dest_prefix=dest_prefix, rename=rename, default=default, switch=switch,
-                help_suffix=help_suffix, by_type=by_type)
+    key: str
+    path: str
+    cls: type
+    name: str
+    field: Field
+    hint: Any
+    default: Any
+
+
+def flag_fields(cls: type) -> list[FlagField]:
+    """Every flag of ``cls`` in declaration order, a `nested` sub-config's flags in its ``flags`` order."""
+    out: list[FlagField] = []
     hints = get_type_hints(cls)
     for f in fields(cls):
-        name, hint = rename.get(f.name, f.name), hints[f.name]
-        if is_dataclass(hint):
-            add_fields(parser, hint, **opts)
+        if NESTED not in f.metadata:
+            out.append(FlagField(f.name, "", cls, f.name, f, hints[f.name], field_default(f)))
             continue
-        kw: dict[str, Any] = {"help": f.metadata["help"] + help_suffix,
-                              "default": field_default(f) if default is MISSING else default}
-        if f.metadata.get("choices"):
-            kw["choices"] = f.metadata["choices"]
-        special = by_type(hint)
+        sub = field_default(f)
+        sub_fields, sub_hints = {g.name: g for g in fields(sub)}, get_type_hints(type(sub))
+        out += [FlagField(key, f.name, type(sub), name, sub_fields[name], sub_hints[name], getattr(sub, name))
+                for name, key in f.metadata[NESTED].items()]
+    return out
+
+
+def add_fields(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, *, prefix: str = "",
+               dest_prefix: str = "", default: Any = MISSING,
+               switch: str | type[argparse.Action] = argparse.BooleanOptionalAction, help_suffix: str = "",
+               by_type: Callable[[Any], dict[str, Any] | None] = lambda hint: None) -> None:
+    """Add ``--<prefix><key>`` (dest ``<dest_prefix><key>``) for every flag of the dataclass ``cls``.
+
+    ``default`` overrides every flag's default (``argparse.SUPPRESS``: absent flags stay out of the
+    namespace); ``switch`` is the action of bool fields; ``by_type`` returns the argparse keywords for a
+    field type it handles (None: ``type=hint``).
+    """
+    for ff in flag_fields(cls):
+        kw: dict[str, Any] = {"help": ff.field.metadata["help"] + help_suffix,
+                              "default": ff.default if default is MISSING else default}
+        if ff.field.metadata.get("choices"):
+            kw["choices"] = ff.field.metadata["choices"]
+        special = by_type(ff.hint)
         if special is not None:
             kw.update(special)
-        elif hint is bool:
+        elif ff.hint is bool:
             kw["action"] = switch
         else:
-            kw["type"] = hint
-        parser.add_argument("--" + prefix + name.replace("_", "-"), dest=dest_prefix + name, **kw)
+            kw["type"] = ff.hint
+        parser.add_argument("--" + prefix + ff.key.replace("_", "-"), dest=dest_prefix + ff.key, **kw)
 
 
-def dest_names(cls: type, *, dest_prefix: str = "", rename: Mapping[str, str] = NO_RENAME) -> list[str]:
-    """The dests ``add_fields`` gives ``cls``'s flags, nested sub-configs' included."""
-    hints = get_type_hints(cls)
-    return [d for f in fields(cls) for d in (dest_names(hints[f.name], dest_prefix=dest_prefix, rename=rename)
-            if is_dataclass(hints[f.name]) else [dest_prefix + rename.get(f.name, f.name)])]
+def dest_names(cls: type, *, dest_prefix: str = "") -> list[str]:
+    """The dests ``add_fields`` gives ``cls``'s flags."""
+    return [dest_prefix + ff.key for ff in flag_fields(cls)]
 
 
-def field_values(ns: argparse.Namespace | Mapping[str, Any], cls: type, *, dest_prefix: str = "",
-                 rename: Mapping[str, str] = NO_RENAME) -> dict[str, Any]:
-    """The fields of ``cls`` found in ``ns`` (as ``add_fields`` named them), keyed by field name."""
-    values = ns if isinstance(ns, Mapping) else vars(ns)
-    dests = {f.name: dest_prefix + rename.get(f.name, f.name) for f in fields(cls)}
-    return {name: values[dest] for name, dest in dests.items() if dest in values}
+def flag_name(key: str, prefix: str = "") -> str:
+    return "--" + prefix + key.replace("_", "-")
+
+
+def build(cls: type, values: argparse.Namespace | Mapping[str, Any], *, dest_prefix: str = "",
+          prefix: str = "") -> Any:
+    """``cls`` from flat flag values (dests as ``add_fields`` named them; other keys are ignored, absent
+    flags keep their defaults). A sub-config's `FieldError` becomes a ValueError naming the flag."""
+    values = values if isinstance(values, Mapping) else vars(values)
+    given: dict[str, dict[str, Any]] = {}
+    keys: dict[tuple[str, str], str] = {}
+    for ff in flag_fields(cls):
+        keys[ff.path, ff.name] = ff.key
+        if dest_prefix + ff.key in values:
+            given.setdefault(ff.path, {})[ff.name] = values[dest_prefix + ff.key]
+    kw = given.pop("", {})
+    for f in fields(cls):
+        if f.name not in given:
+            continue
+        try:
+            kw[f.name] = replace(field_default(f), **given[f.name])
+        except FieldError as e:
+            raise ValueError(f"{flag_name(keys[f.name, e.field], prefix)}: {e}") from e
+    return cls(**kw)

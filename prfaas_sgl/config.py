@@ -8,83 +8,47 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass
 
-from prfaas_sgl.cliargs import add_fields, field_values
+from prfaas_sgl.cliargs import add_fields, build, knob, nested
 from prfaas_sgl.transfer.config import TransferConfig
 
 ROLES = ("none", "remote", "local")
-# The data plane's own defaults (TransferConfig, declared once there) are the flags' defaults.
-_TRANSFER = {f.name: f.default for f in fields(TransferConfig)}
-
-
-def _opt(help: str, **kw) -> Any:
-    return field(metadata={"help": help, **kw.pop("meta", {})}, **kw)
 
 
 @dataclass(frozen=True)
 class PrfaasConfig:
     """Per-server prfaas settings. Units in names: bytes, seconds."""
 
-    role: str = _opt(
-        "Which datacenter this server belongs to: 'remote' (PrfaaS prefill cluster), 'local' (PD cluster), "
-        "or 'none'. Labels telemetry; the router decides routing.",
-        default="none", meta={"choices": ROLES},
-    )
-    zmq_connections: int = _opt("TCP connections per prefill->decode pair for prfaas_zmq.",
-                                default=_TRANSFER["connections"])
-    zmq_chunk_bytes: int = _opt("Bytes per striped chunk on the prfaas_zmq data plane.",
-                                default=_TRANSFER["chunk_bytes"])
-    zmq_window_bytes: int = _opt(
-        "Max bytes in flight per transfer before the sender waits for acknowledgements (backpressure).",
-        default=_TRANSFER["window_bytes"],
-    )
-    zmq_timeout_s: float = _opt("A transfer that makes no progress for this long fails.",
-                                default=_TRANSFER["timeout_s"])
-    zmq_curve_keys: str = _opt(
-        "Directory made by `prfaas keys DIR` (CURVE key pairs, authorized keys, register.secret): encrypts "
+    role: str = knob("none", "Which datacenter this server belongs to: 'remote' (PrfaaS prefill cluster), 'local' "
+                     "(PD cluster), or 'none'. Labels telemetry; the router decides routing.", choices=ROLES)
+    # The data plane's knobs, declared (with their defaults and checks) in TransferConfig.
+    transfer: TransferConfig = nested(TransferConfig(), {
+        "connections": "zmq_connections", "chunk_bytes": "zmq_chunk_bytes", "window_bytes": "zmq_window_bytes",
+        "timeout_s": "zmq_timeout_s"})
+    # Not TransferConfig.keys_dir: the directory also holds register.secret, and "" (no keys) is checked
+    # against --prfaas-zmq-insecure and the listen address (srt/backend/settings.py sets keys_dir from it).
+    zmq_curve_keys: str = knob(
+        "", "Directory made by `prfaas keys DIR` (CURVE key pairs, authorized keys, register.secret): encrypts "
         "and authenticates the KV data plane and authenticates decode registrations. Required when the "
-        "server's address is not loopback, unless --prfaas-zmq-insecure.",
-        default="",
-    )
-    zmq_insecure: bool = _opt(
-        "Run prfaas_zmq without keys on a routable address: plaintext KV, unauthenticated registrations "
-        "(any host that reaches the prefill can redirect KV). Only for trusted, isolated networks.",
-        default=False,
-    )
-    zmq_data_port: int = _opt(
-        "First TCP port of the decode-side data-plane listener (0 = pick free ports).", default=0
-    )
-    zmq_stats_port: int = _opt("Port of the transport's JSON stats endpoint (0 = off).", default=0)
-    zmq_stats_host: str = _opt(
-        "Address the stats endpoint binds. The router in the other datacenter reads link goodput from it, so a "
-        "remote prefill sets its routable address; the endpoint is read-only telemetry (GET /stats, /metrics).",
-        default="127.0.0.1",
-    )
-    unified_pool: bool = _opt(
-        "One memory pool for full-attention KV and linear-attention states (issue 17): SGLang's KV and "
+        "server's address is not loopback, unless --prfaas-zmq-insecure.")
+    zmq_insecure: bool = knob(
+        False, "Run prfaas_zmq without keys on a routable address: plaintext KV, unauthenticated registrations "
+        "(any host that reaches the prefill can redirect KV). Only for trusted, isolated networks.")
+    zmq_data_port: int = knob(0, "First TCP port of the decode-side data-plane listener (0 = pick free ports).")
+    zmq_stats_port: int = knob(0, "Port of the transport's JSON stats endpoint (0 = off).")
+    zmq_stats_host: str = knob(
+        "127.0.0.1", "Address the stats endpoint binds. The router in the other datacenter reads link goodput "
+        "from it, so a remote prefill sets its routable address; the endpoint is read-only telemetry "
+        "(GET /stats, /metrics).")
+    unified_pool: bool = knob(
+        False, "One memory pool for full-attention KV and linear-attention states: SGLang's KV and "
         "Mamba pools become one slab of aligned blocks with one free list, so memory flows to whichever "
-        "the load needs. Colocated hybrid models with --radix-cache-backend prfaas_hybrid, --page-size 1.",
-        default=False,
-    )
+        "the load needs. Colocated hybrid models with --radix-cache-backend prfaas_hybrid, --page-size 1.")
 
     def __post_init__(self):
         if self.role not in ROLES:
             raise ValueError(f"--prfaas-role must be one of {ROLES}, got {self.role!r}")
-        if not 1 <= self.zmq_connections <= 64:
-            raise ValueError(f"--prfaas-zmq-connections must be in 1..64, got {self.zmq_connections}")
-        if not 4096 <= self.zmq_chunk_bytes <= (256 << 20):
-            raise ValueError(
-                f"--prfaas-zmq-chunk-bytes must be in 4096..268435456, got {self.zmq_chunk_bytes}"
-            )
-        if self.zmq_window_bytes < self.zmq_chunk_bytes:
-            raise ValueError(
-                f"--prfaas-zmq-window-bytes ({self.zmq_window_bytes}) must be >= --prfaas-zmq-chunk-bytes "
-                f"({self.zmq_chunk_bytes})"
-            )
-        if self.zmq_timeout_s <= 0:
-            raise ValueError(f"--prfaas-zmq-timeout-s must be > 0, got {self.zmq_timeout_s}")
         self._check_keys()
         try:
             ipaddress.ip_address(self.zmq_stats_host)
@@ -133,4 +97,4 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 def from_namespace(ns: argparse.Namespace) -> PrfaasConfig:
     """Raises ValueError naming the flag when a value or combination is invalid."""
-    return PrfaasConfig(**field_values(ns, PrfaasConfig, dest_prefix="prfaas_"))
+    return build(PrfaasConfig, ns, dest_prefix="prfaas_", prefix="prfaas-")

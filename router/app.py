@@ -100,7 +100,7 @@ class Router:
         if self.core.controller is None:
             return
         while True:
-            await asyncio.sleep(self.cfg.controller_interval_s)
+            await asyncio.sleep(self.cfg.controller_params.interval_s)
             try:
                 self.core.controller_tick(time.monotonic())
             except Exception:  # a planner bug must not take routing down

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from prfaas_sgl.cliargs import FieldError, knob
 from prfaas_sgl.workload.lengths import Empirical
 from .controller_api import ControllerUpdate, PlannerOptimum
 from .planner.model import System
@@ -22,17 +23,22 @@ from .planner.optimize import best_split, best_threshold
 
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
-    interval_s: float = 60.0  # seconds between re-optimisations
-    window: int = 4096  # most recent incremental lengths kept
-    min_samples: int = 100  # no update before this many observations
-    max_step_frac: float = 0.25  # |Δt| <= this fraction of the current t per update
-    split_gain: float = 0.05  # recommend another split only if it raises Λ_max by this fraction
+    interval_s: float = knob(60.0, "seconds between controller updates")
+    window: int = knob(4096, "most recent incremental lengths kept (and fitted)")
+    min_samples: int = knob(100, "no update before this many observations")
+    max_step_frac: float = knob(0.25, "|t change| <= this fraction of the current t per update")
+    split_gain: float = knob(0.05, "recommend another split only if it raises the throughput bound by this fraction")
 
     def __post_init__(self) -> None:
-        if self.interval_s <= 0 or self.window < 1 or self.min_samples < 1:
-            raise ValueError("ControllerConfig: interval_s must be > 0, window and min_samples >= 1")
-        if not 0 < self.max_step_frac <= 1 or self.split_gain < 0:
-            raise ValueError("ControllerConfig: max_step_frac must be in (0, 1], split_gain >= 0")
+        if self.interval_s <= 0:
+            raise FieldError("interval_s", "interval_s must be > 0 seconds")
+        for name in ("window", "min_samples"):
+            if getattr(self, name) < 1:
+                raise FieldError(name, f"{name} must be >= 1")
+        if not 0 < self.max_step_frac <= 1:
+            raise FieldError("max_step_frac", "max_step_frac must be in (0, 1]")
+        if self.split_gain < 0:
+            raise FieldError("split_gain", "split_gain must be >= 0")
 
 
 class LongTermController:

@@ -16,7 +16,7 @@ from .actuators.base import Action, Actuator, Report, Split
 from .actuators.decide import DecideConfig, SplitDecider, bounded
 from .cluster import Cluster
 from .config import RouterConfig
-from .controller import ControllerConfig, LongTermController
+from .controller import LongTermController
 from .controller_api import Controller, ControllerUpdate
 from .metrics import RouterMetrics
 from .planner.scenario import load_scenario
@@ -36,8 +36,8 @@ def build_controller(cfg: RouterConfig) -> Controller | None:
     if cfg.controller == "none":
         return None
     system = load_scenario(cfg.controller_scenario).system
-    ccfg = ControllerConfig(interval_s=cfg.controller_interval_s)
-    return LongTermController(ccfg, system, (len(cfg.local_prefill), len(cfg.decode)), cfg.policy_params.threshold)
+    split = (len(cfg.local_prefill), len(cfg.decode))
+    return LongTermController(cfg.controller_params, system, split, cfg.policy_params.threshold)
 
 
 class ActingController:

@@ -6,7 +6,9 @@ simulator. Pure arithmetic. Units: tokens, bytes, seconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
+
+from prfaas_sgl.cliargs import FieldError, knob
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,16 +19,22 @@ class ModelCost:
     (the paper's H20 fit is a=0.468, b=1.300e-4, c=2.98e-10).
     """
 
-    kv_bytes_per_token: float
-    state_bytes: float = 0.0  # fixed per-request linear-attention / SWA state + aux bytes
-    local_coef: tuple[float, float, float] = (0.0, 1e-4, 0.0)
-    remote_coef: tuple[float, float, float] = (0.0, 5e-5, 0.0)
+    kv_bytes_per_token: float = knob(MISSING, "full-attention KV bytes per token (link accounting)")
+    state_bytes: float = knob(0.0, "fixed per-request state bytes (linear/SWA states + aux)")
+    local_coef: tuple[float, float, float] = knob((0.0, 1e-4, 0.0), "local prefill s = a + b*l + c*l^2")
+    remote_coef: tuple[float, float, float] = knob((0.0, 5e-5, 0.0), "remote prefill s = a + b*l + c*l^2")
 
     def __post_init__(self) -> None:
         if self.kv_bytes_per_token <= 0:
-            raise ValueError("kv_bytes_per_token must be > 0 (bytes of full-attention KV per token)")
+            raise FieldError("kv_bytes_per_token",
+                             "kv_bytes_per_token must be > 0 (bytes of full-attention KV per token)")
         if self.state_bytes < 0:
-            raise ValueError("state_bytes must be >= 0")
+            raise FieldError("state_bytes", "state_bytes must be >= 0")
+        for name in ("local_coef", "remote_coef"):
+            coef = tuple(float(x) for x in getattr(self, name))  # a TOML/JSON file gives a list
+            if len(coef) != 3:
+                raise FieldError(name, f"{name} takes three numbers a b c (seconds = a + b*l + c*l^2)")
+            object.__setattr__(self, name, coef)
 
     def kv_bytes(self, tokens: int) -> float:
         """Bytes crossing the link for ``tokens`` of KV plus the fixed state."""

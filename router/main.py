@@ -8,7 +8,6 @@ import signal
 
 import uvloop
 
-from .actuators.decide import DecideConfig
 from .actuators.supervisor import SupervisorActuator
 from .app import start_router
 from .config import RouterConfig, parse_config
@@ -19,9 +18,9 @@ async def serve(cfg: RouterConfig) -> None:
     handle = await start_router(cfg)
     if cfg.actuator == "supervisor":  # the servers belong to `prfaas up`'s supervisors: act through them
         acting = close_loop(handle.router, lambda cluster, report: SupervisorActuator.from_config(cluster, cfg, report),
-                            DecideConfig(confirm=cfg.switch_confirm, dwell_s=cfg.switch_dwell_s))
+                            cfg.switch_params)
         logging.getLogger(__name__).info("controller acts through %s (confirm %d, dwell %.0f s)",
-                                         acting.actuator.name, cfg.switch_confirm, cfg.switch_dwell_s)
+                                         acting.actuator.name, cfg.switch_params.confirm, cfg.switch_params.dwell_s)
     admin = "bearer token" if cfg.admin_token else "open (loopback listener)" if cfg.admin_open else "disabled"
     logging.getLogger(__name__).info("router listening on %s (policy=%s, t=%d, /admin: %s, max body %d B)",
                                      handle.url, cfg.policy, cfg.policy_params.threshold, admin, cfg.body_limit)

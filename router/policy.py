@@ -9,9 +9,11 @@ Units: lengths in tokens, sizes in bytes, rates in bits/s, times in seconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
+
+from prfaas_sgl.cliargs import FieldError, knob
 
 from .cost import ModelCost
 
@@ -95,40 +97,34 @@ class Decision:
     pace_s: float = 0.0  # > 0: not yet; hold the request this long, then decide again (PacedPolicy)
 
 
-def _p(default: float | str, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass(frozen=True, slots=True)
 class PolicyParams:
     """Tunables of every policy; unused fields are ignored by the simpler ones. The router's flags and the
     simulator's [sim] keys are generated from these fields (help from the metadata; router/config.py)."""
 
-    threshold: int = _p(8192, "incremental-length threshold t (tokens) above which prefill goes remote")
-    cache_rule: CacheRule = _p("scarce", "paper cache rule: scarce (per-cluster cache) or abundant (max of both)")
-    overload_tokens: int = _p(32768, "queued tokens beyond which cache affinity is ignored")
-    high_watermark: float = _p(0.9, "link pressure (backlog or queue delay / budget) marking the link congested")
-    low_watermark: float = _p(0.6, "link pressure below which it is not congested again")
-    budget_s: float = _p(1.0, "link pressure 1.0 = this many seconds of transfer backlog or queue delay")
-    hold_s: float = _p(1.0, "minimum seconds the link counts as congested once it was")
-    slack: float = _p(0.5, "bandwidth_aware: the other pool must be this fraction sooner to take a request")
-    target_s: float = _p(6.0, "bandwidth_aware: ... and have its KV ready within this many seconds")
-    pace_max_s: float = _p(1.0, "paced: hold a remote-bound request at most this many seconds in all")
-    pace_step_s: float = _p(0.25, "paced: decide a held request again after at most this many seconds")
+    threshold: int = knob(8192, "incremental-length threshold t (tokens) above which prefill goes remote")
+    cache_rule: CacheRule = knob("scarce", "paper cache rule: scarce (per-cluster cache) or abundant (max of both)")
+    overload_tokens: int = knob(32768, "queued tokens beyond which cache affinity is ignored")
+    high_watermark: float = knob(0.9, "link pressure (backlog or queue delay / budget) marking the link congested")
+    low_watermark: float = knob(0.6, "link pressure below which it is not congested again")
+    budget_s: float = knob(1.0, "link pressure 1.0 = this many seconds of transfer backlog or queue delay")
+    hold_s: float = knob(1.0, "minimum seconds the link counts as congested once it was")
+    slack: float = knob(0.5, "bandwidth_aware: the other pool must be this fraction sooner to take a request")
+    target_s: float = knob(6.0, "bandwidth_aware: ... and have its KV ready within this many seconds")
+    pace_max_s: float = knob(1.0, "paced: hold a remote-bound request at most this many seconds in all")
+    pace_step_s: float = knob(0.25, "paced: decide a held request again after at most this many seconds")
 
     def __post_init__(self) -> None:
-        if self.threshold < 0:
-            raise ValueError("threshold must be >= 0 tokens")
+        for name in ("threshold", "overload_tokens", "hold_s", "slack", "pace_max_s"):
+            if getattr(self, name) < 0:
+                raise FieldError(name, f"{name} must be >= 0")
+        for name in ("budget_s", "target_s", "pace_step_s"):
+            if getattr(self, name) <= 0:
+                raise FieldError(name, f"{name} must be > 0 seconds")
         if self.cache_rule not in ("scarce", "abundant"):
-            raise ValueError("cache_rule must be 'scarce' or 'abundant'")
+            raise FieldError("cache_rule", "cache_rule must be 'scarce' or 'abundant'")
         if not 0 < self.low_watermark <= self.high_watermark:
-            raise ValueError("need 0 < low_watermark <= high_watermark")
-        if self.budget_s <= 0 or self.target_s <= 0:
-            raise ValueError("budget_s and target_s must be > 0 seconds")
-        if self.hold_s < 0 or self.overload_tokens < 0 or self.slack < 0 or self.pace_max_s < 0:
-            raise ValueError("hold_s, overload_tokens, slack and pace_max_s must be >= 0")
-        if self.pace_step_s <= 0:
-            raise ValueError("pace_step_s must be > 0 seconds")
+            raise FieldError("low_watermark", "need 0 < low_watermark <= high_watermark")
 
 
 class RoutingPolicy(Protocol):

@@ -16,15 +16,10 @@ from .cluster import Cluster
 from .config import RouterConfig
 from .controller_api import Controller, ControllerUpdate, checked
 from .metrics import RouterMetrics
-from .cost import ModelCost
 from .forward import LinkShare
 from .policy import Decision, RoutingPolicy, local_fallback, make_policy
 
 log = logging.getLogger(__name__)
-
-
-def model_cost(cfg: RouterConfig) -> ModelCost:
-    return ModelCost(cfg.kv_bytes_per_token, cfg.state_bytes, cfg.local_prefill_coef, cfg.remote_prefill_coef)
 
 
 ADMIN_KEYS = ("policy", "threshold", "high_watermark", "low_watermark", "cache_rule", "overload_tokens", "hold_s",
@@ -44,7 +39,7 @@ class RoutingCore:
                  controller: Controller | None = None) -> None:
         self.cfg, self.cluster, self.metrics, self.controller = cfg, cluster, metrics, controller
         self.params = cfg.policy_params
-        self.cost = model_cost(cfg)
+        self.cost = cfg.cost
         self.policy_name = cfg.policy
         self.policy: RoutingPolicy = make_policy(cfg.policy, self.params, self.cost)
         self.recommended_split: dict[str, int] = {}

@@ -7,6 +7,8 @@ import ipaddress
 import os
 from dataclasses import dataclass
 
+from prfaas_sgl.cliargs import FieldError, knob
+
 MIB = 1 << 20
 MIN_CHUNK_BYTES = 4096  # smallest chunk_bytes a sender may use: receivers refuse shorter chunks mid-stream
 # CurveZMQ public keys in text form: 32 bytes as 40 Z85 characters
@@ -55,10 +57,12 @@ class TransferConfig:
         At least 16 characters; kept out of repr.
     """
 
-    connections: int = 4
-    chunk_bytes: int = 1 * MIB
-    window_bytes: int = 128 * MIB
-    timeout_s: float = 30.0  # also --prfaas-zmq-timeout-s's default (prfaas_sgl/config.py reads it here)
+    # the first four are also the --prfaas-zmq-* flags (prfaas_sgl/config.py nests this class)
+    connections: int = knob(4, "TCP connections per prefill->decode pair for prfaas_zmq.")
+    chunk_bytes: int = knob(1 * MIB, "Bytes per striped chunk on the prfaas_zmq data plane.")
+    window_bytes: int = knob(128 * MIB, "Max bytes in flight per transfer before the sender waits for "
+                                        "acknowledgements (backpressure).")
+    timeout_s: float = knob(30.0, "A transfer that makes no progress for this long fails.")
     min_rate_bytes_s: float | None = 1 * MIB
     cap_slack_s: float = 600.0
     keys_dir: str | None = None
@@ -75,16 +79,17 @@ class TransferConfig:
 
     def __post_init__(self) -> None:
         if not 1 <= self.connections <= 64:
-            raise ValueError(f"connections={self.connections}: use 1..64 TCP connections per peer")
+            raise FieldError("connections", f"connections={self.connections}: use 1..64 TCP connections per peer")
         if not MIN_CHUNK_BYTES <= self.chunk_bytes <= 256 * MIB:
-            raise ValueError(f"chunk_bytes={self.chunk_bytes}: use 4 KiB..256 MiB (1 MiB is a good start)")
+            raise FieldError("chunk_bytes",
+                             f"chunk_bytes={self.chunk_bytes}: use 4 KiB..256 MiB (1 MiB is a good start)")
         if self.window_bytes < self.chunk_bytes:
-            raise ValueError(
-                f"window_bytes={self.window_bytes} < chunk_bytes={self.chunk_bytes}: raise window_bytes "
-                "to at least one chunk, better connections × chunk_bytes × 2"
+            raise FieldError(
+                "window_bytes", f"window_bytes={self.window_bytes} < chunk_bytes={self.chunk_bytes}: raise "
+                "window_bytes to at least one chunk, better connections × chunk_bytes × 2"
             )
         if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s={self.timeout_s}: must be > 0 seconds")
+            raise FieldError("timeout_s", f"timeout_s={self.timeout_s}: must be > 0 seconds")
         if self.min_rate_bytes_s is not None and self.min_rate_bytes_s <= 0:
             raise ValueError(f"min_rate_bytes_s={self.min_rate_bytes_s}: must be > 0 bytes/s, or None for no cap")
         if self.cap_slack_s <= 0:

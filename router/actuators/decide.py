@@ -11,18 +11,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prfaas_sgl.cliargs import FieldError, knob
+
 from .base import Split
 
 
 @dataclass(frozen=True, slots=True)
 class DecideConfig:
-    confirm: int = 2  # consecutive recommendations in the same direction before a move
-    dwell_s: float = 600.0  # seconds after a move before the next one
-    max_step: int = 1  # servers moved per decision (each one is drained and restarted)
+    confirm: int = knob(2, "recommendations in the same direction before a server switches role")
+    dwell_s: float = knob(600.0, "seconds after a role switch before the next one may start")
+    max_step: int = knob(1, "servers moved per decision (each one is drained and restarted)")
 
     def __post_init__(self) -> None:
-        if self.confirm < 1 or self.max_step < 1 or self.dwell_s < 0:
-            raise ValueError("DecideConfig: confirm and max_step must be >= 1, dwell_s >= 0 seconds")
+        for name in ("confirm", "max_step"):
+            if getattr(self, name) < 1:
+                raise FieldError(name, f"{name} must be >= 1")
+        if self.dwell_s < 0:
+            raise FieldError("dwell_s", "dwell_s must be >= 0 seconds")
 
 
 @dataclass(frozen=True, slots=True)

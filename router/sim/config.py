@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
+from prfaas_sgl.cliargs import FieldError, field_default, flag_fields, nested, same_names
+
+from ..actuators.decide import DecideConfig
+from ..controller import ControllerConfig
 from ..planner.curves import ProfileError
 from ..policy import PolicyParams
 from .workload import ArrivalConfig, PrefixConfig
@@ -16,17 +20,15 @@ class SimConfig:
     seed: int = 1
     policy: str = "threshold"  # a name in prfaas_sgl.router.policy.POLICIES
     threshold: float = -1.0  # tokens, replaces policy_params.threshold; < 0 = the planner's optimum
-    # the policy's other tunables, the router's defaults; flat [sim] keys of the same names (POLICY_KEYS)
-    policy_params: PolicyParams = field(default_factory=PolicyParams)
+    # the policy's other tunables, the router's defaults; flat [sim] keys of the same names
+    policy_params: PolicyParams = nested(PolicyParams(), same_names(PolicyParams, but=("threshold",)))
     controller: bool = False  # run the long-term controller on simulated time
-    controller_interval_s: float = 60.0
-    controller_max_step_frac: float = 0.25
-    controller_window: int = 4096  # incremental lengths the controller fits (ControllerConfig.window)
+    controller_params: ControllerConfig = nested(ControllerConfig(), {
+        "interval_s": "controller_interval_s", "max_step_frac": "controller_max_step_frac",
+        "window": "controller_window"})
     actuate: bool = False  # the controller also moves local servers between prefill and decode
     switch_s: float = 180.0  # a moved server's restart time after its drain (model load, warm-up)
-    dwell_s: float = 600.0  # DecideConfig: seconds between moves
-    confirm: int = 2  # DecideConfig: consecutive recommendations before a move
-    max_step: int = 1  # DecideConfig: servers moved at once
+    switch_params: DecideConfig = nested(DecideConfig(), same_names(DecideConfig))  # [sim] dwell_s, confirm, max_step
     prefill: int = -1  # local prefill instances; < 0 = the planner's split
     slo_ttft_s: float = 15.0
     slo_tpot_s: float = 0.05
@@ -52,11 +54,11 @@ class SimConfig:
         starts = [p[0] for p in self.phases]
         if any(len(p) != 3 or p[1] <= 0 or p[2] <= 0 for p in self.phases) or starts != sorted(starts):
             raise ProfileError("sim.phases: expected [[start_s, rate > 0, length scale > 0], ...] sorted by time")
-        if self.switch_s < 0 or self.controller_window < 1:
-            raise ProfileError("sim.switch_s must be >= 0 seconds, sim.controller_window >= 1")
+        if self.switch_s < 0:
+            raise ProfileError("sim.switch_s must be >= 0 seconds")
 
 
-POLICY_KEYS = frozenset(f.name for f in fields(PolicyParams)) - {"threshold"}  # [sim] keys of policy_params
+TABLES = {"arrival": ArrivalConfig, "prefix": PrefixConfig}  # [sim.arrival], [sim.prefix]
 
 
 def _coerce(name: str, value, default):
@@ -83,30 +85,36 @@ def _sub(cls, tbl: dict, where: str):
 
 
 def sim_config(tbl: dict, **overrides) -> SimConfig:
-    """Build from a scenario's [sim] table; ``overrides`` (not None) win. threshold = "auto" -> -1."""
+    """Build from a scenario's [sim] table; ``overrides`` (not None) win. threshold = "auto" -> -1. A nested
+    sub-config's settings are flat keys ([sim] dwell_s sets ``switch_params.dwell_s``)."""
     tbl = dict(tbl)
     if tbl.get("threshold") == "auto":
         tbl["threshold"] = -1.0
-    arrival = _sub(ArrivalConfig, tbl.pop("arrival", {}), "sim.arrival")
-    prefix = _sub(PrefixConfig, tbl.pop("prefix", {}), "sim.prefix")
-    trace = tuple((float(t), float(f)) for t, f in tbl.pop("bandwidth_trace", ()))
-    phases = tuple(tuple(float(x) for x in p) for p in tbl.pop("phases", ()))
-    policy = {k: tbl.pop(k) for k in POLICY_KEYS & set(tbl)}
-    policy.update({k: overrides.pop(k) for k in POLICY_KEYS & set(overrides) if overrides[k] is not None})
-    known = {f.name: f for f in fields(SimConfig) if f.default is not MISSING}
+    top = {name: _sub(cls, tbl.pop(name, {}), f"sim.{name}") for name, cls in TABLES.items()}
+    top["bandwidth_trace"] = tuple((float(t), float(f)) for t, f in tbl.pop("bandwidth_trace", ()))
+    top["phases"] = tuple(tuple(float(x) for x in p) for p in tbl.pop("phases", ()))
+    keys = {ff.key: ff for ff in flag_fields(SimConfig)}
     for k in tbl:
-        if k not in known:
-            raise ProfileError(f"sim.{k}: unknown setting; expected one of {sorted(known)}")
-    kw = {k: _coerce(k, v, known[k].default) for k, v in tbl.items()}
-    kw.update({k: v for k, v in overrides.items() if v is not None})
-    kw.setdefault("arrival", arrival)
-    kw.setdefault("prefix", prefix)
-    kw.setdefault("bandwidth_trace", trace)
-    kw.setdefault("phases", phases)
+        if k not in keys:
+            raise ProfileError(f"sim.{k}: unknown setting; expected one of {sorted(set(keys) - set(top))}")
+    given = [(k, _coerce(k, v, keys[k].default)) for k, v in tbl.items()]  # the file's values, type-checked
+    given += [(k, v) for k, v in overrides.items() if v is not None]  # the caller's, as given
+    sub: dict[str, dict] = {}
+    for k, v in given:
+        ff = keys.get(k)  # None: an unknown override, refused by SimConfig below
+        if ff is not None and ff.path:
+            sub.setdefault(ff.path, {})[ff.name] = v
+        else:
+            top[k] = v
+    top.update({path: _nested(path, values, keys) for path, values in sub.items()})
+    return SimConfig(**top)
+
+
+def _nested(path: str, values: dict, keys: dict):
+    """``SimConfig.<path>``'s default sub-config with ``values``; a refusal names the [sim] key."""
+    default = next(field_default(f) for f in fields(SimConfig) if f.name == path)
     try:
-        kw.setdefault("policy_params", _sub(PolicyParams, policy, "sim"))
-    except ProfileError:
-        raise
-    except ValueError as e:  # PolicyParams' own checks
-        raise ProfileError(f"sim: {e}") from None
-    return SimConfig(**kw)
+        return replace(default, **values)
+    except FieldError as e:
+        key = next((k for k, ff in keys.items() if (ff.path, ff.name) == (path, e.field)), e.field)
+        raise ProfileError(f"sim.{key}: {e}") from e

@@ -20,8 +20,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from ..actuators.decide import DecideConfig
-from ..controller import ControllerConfig, LongTermController
+from ..controller import LongTermController
 from ..cost import ModelCost
 from ..planner.curves import ProfileError
 from ..planner.model import System
@@ -78,14 +77,11 @@ class Simulator:
         self.policy = make_policy(cfg.policy, params, model_cost(sys))
         self.link = PSLink(sys.link_Bps * self._bw_at(0.0))
         self.committed = 0.0  # KV bytes routed remote whose transfer has not started
-        self.ctl = (LongTermController(ControllerConfig(cfg.controller_interval_s, window=cfg.controller_window,
-                                                        max_step_frac=cfg.controller_max_step_frac),
-                                       sys, split, threshold) if cfg.controller else None)
+        self.ctl = LongTermController(cfg.controller_params, sys, split, threshold) if cfg.controller else None
         self.draining: set[str] = set()  # servers the policy must not pick (a move drains them)
         self.assigned: Counter[str] = Counter()  # requests routed to each decode and not finished there
         self.retired = {"prfaas": 0.0, "local_prefill": 0.0, "decode": 0.0}  # busy / batch-s of moved servers
-        self.mover = (SplitMover(self, DecideConfig(cfg.confirm, cfg.dwell_s, cfg.max_step), cfg.switch_s)
-                      if cfg.actuate and cfg.controller else None)
+        self.mover = SplitMover(self, cfg.switch_params, cfg.switch_s) if cfg.actuate and cfg.controller else None
         self.heap: list = []
         self.seq = 0
         self.samples: list[Sample] = []

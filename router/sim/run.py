@@ -19,9 +19,8 @@ def workload(scn: Scenario, cfg: SimConfig):
         window = max((r.arrival for r in reqs), default=0.0) or 1.0
         return reqs, window
     pfx = cfg.prefix if cfg.prefix.hit_rate > 0 else PrefixConfig(scn.hit_rate, scn.cached_fraction)
-    pfx = replace(pfx, block_tokens=cfg.block_tokens)
     reqs = synthetic(cfg.arrival, pfx, scn.raw_lengths, int(scn.system.output_tokens), cfg.duration_s, cfg.seed,
-                     cfg.phases)
+                     cfg.phases, block_tokens=cfg.block_tokens)
     return reqs, cfg.duration_s
 
 

@@ -83,14 +83,14 @@ class PrefixConfig:
     hit_rate: float = 0.0
     cached_fraction: float = 0.0
     groups: int = 64
-    block_tokens: int = 512
 
 
 def synthetic(cfg: ArrivalConfig, pfx: PrefixConfig, lengths: LengthDist, output_tokens: int,
-              duration_s: float, seed: int, phases: tuple[tuple[float, float, float], ...] = ()) -> list[SimRequest]:
+              duration_s: float, seed: int, phases: tuple[tuple[float, float, float], ...] = (), *,
+              block_tokens: int = 512) -> list[SimRequest]:
     """Requests of ``cfg``'s arrival process; ``phases`` ((start_s, rate req/s, length scale), ...) replace it
     with piecewise Poisson arrivals whose sampled input lengths are multiplied by the phase's scale (a traffic
-    shift: short-heavy, then long-heavy hours)."""
+    shift: short-heavy, then long-heavy hours). One hash per ``block_tokens`` (the simulator's block size)."""
     rng = np.random.default_rng(seed)
     if phases:
         times, scale = arrivals.phased(rng, phases, duration_s)
@@ -103,8 +103,8 @@ def synthetic(cfg: ArrivalConfig, pfx: PrefixConfig, lengths: LengthDist, output
     group = rng.integers(0, max(pfx.groups, 1), times.size)
     reqs, unique = [], 1 << 40  # group g's block i hashes to g * 2^20 + i; unique ids start far above
     for i, (t, n) in enumerate(zip(times, lens)):
-        blocks = -(-int(n) // pfx.block_tokens)
-        k = int(pfx.cached_fraction * n) // pfx.block_tokens if shared[i] else 0
+        blocks = -(-int(n) // block_tokens)
+        k = int(pfx.cached_fraction * n) // block_tokens if shared[i] else 0
         hashes = tuple(int(group[i]) * (1 << 20) + j for j in range(k)) + tuple(range(unique, unique + blocks - k))
         unique += blocks - k
         reqs.append(SimRequest(i, float(t), int(n), int(output_tokens), hashes))

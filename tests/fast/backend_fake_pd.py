@@ -28,6 +28,7 @@ from prfaas_sgl.srt.backend import manager as manager_module  # noqa: E402
 from prfaas_sgl.srt.backend.conn import PrfaasKVReceiver, PrfaasKVSender, kv_manager  # noqa: E402
 from prfaas_sgl.srt.backend.manager import PrfaasKVManager  # noqa: E402
 from prfaas_sgl.srt.backend.memory import transfer_id  # noqa: E402
+from prfaas_sgl.transfer.config import TransferConfig  # noqa: E402
 from tests.support.fake_transport import FakeTransport  # noqa: E402
 
 ADDR = "127.0.0.1:1"  # the prefill's bootstrap address as the decode names it (nothing listens there)
@@ -114,7 +115,8 @@ def make_pd(monkeypatch):
              keys_dir: str = "") -> PD:
         monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(waiting_timeout_s))
         sa = ServerArgs(model_path="dummy", device="cpu", enable_pd_role_switch=True)  # polling control recv
-        setattr(sa, flags.CONFIG_ATTR, PrfaasConfig(zmq_timeout_s=zmq_timeout_s, zmq_curve_keys=keys_dir))
+        prfaas = PrfaasConfig(transfer=TransferConfig(timeout_s=zmq_timeout_s), zmq_curve_keys=keys_dir)
+        setattr(sa, flags.CONFIG_ATTR, prfaas)
         sglang_rc.reset_context()
         sglang_rc.publish(sa, role="scheduler", ranks=sglang_rc.SpawnRanks(world_rank=0))
         sglang_rc.get_parallel().override_permanently(pp_group=None)  # pipeline size 1: never used

@@ -140,7 +140,7 @@ def test_supervisor_urls_name_each_local_server_on_its_machine(tmp_path):
         "local-prefill-0": "http://10.10.0.11:8101", "decode-0": "http://10.10.0.12:8101",
         "decode-1": "http://10.10.0.13:8101"}
     cfg = RouterConfig.from_flags(**fields)  # what launch_router builds from router.json
-    assert cfg.actuator == "supervisor" and cfg.switch_dwell_s == 600.0
+    assert cfg.actuator == "supervisor" and cfg.switch_params.dwell_s == 600.0
 
 
 @pytest.mark.parametrize("mutate, message", [
@@ -214,6 +214,7 @@ def test_the_examples_documented_supervisor_block_is_accepted(tmp_path):
     as its comment says, it must parse and give the router a supervisor actuator."""
     import tomllib
 
+    from prfaas_sgl.router.actuators.decide import DecideConfig
     from prfaas_sgl.router.config import RouterConfig, parse_supervisor_urls
     from tests.support.router_standin import build_tiny_tokenizer
 
@@ -228,4 +229,4 @@ def test_the_examples_documented_supervisor_block_is_accepted(tmp_path):
     fields = dep.router_fields(tokenizer_path=build_tiny_tokenizer(str(tmp_path / "tok")))
     assert set(parse_supervisor_urls(fields["supervisor_urls"])) == {"local-prefill-0", "decode-0", "decode-1"}
     cfg = RouterConfig.from_flags(**fields)
-    assert (cfg.controller, cfg.actuator, cfg.switch_confirm, cfg.switch_dwell_s) == ("planner", "supervisor", 2, 600.0)
+    assert (cfg.controller, cfg.actuator, cfg.switch_params) == ("planner", "supervisor", DecideConfig(2, 600.0))

@@ -20,12 +20,12 @@ def test_defaults_and_round_trip():
     assert cfg == config.PrfaasConfig()
     assert pickle.loads(pickle.dumps(cfg)) == cfg  # travels into SGLang's scheduler subprocesses
     cfg = parse(["--prfaas-zmq-connections", "8", "--prfaas-role", "remote"])
-    assert (cfg.zmq_connections, cfg.role) == (8, "remote")
+    assert (cfg.transfer.connections, cfg.role) == (8, "remote")
 
 
 def test_frozen():
     with pytest.raises(Exception):
-        config.PrfaasConfig().zmq_connections = 3
+        config.PrfaasConfig().transfer.connections = 3
 
 
 @pytest.mark.parametrize("argv, flag", [

@@ -100,9 +100,9 @@ def test_router_model_path_default_and_override(tmp_path):
     (model / "tokenizer.json").write_text("{}")
     base = ["--decode", "http://d:1", "--prfaas", "http://p:1;bootstrap=2", "--tokenizer-path", str(model)]
     cfg = parse_config(base + ["--model-path", str(model)])
-    assert (cfg.kv_bytes_per_token, cfg.state_bytes) == (8064.0, float(account(KIMI_LINEAR_48B).fixed_bytes))
+    assert (cfg.cost.kv_bytes_per_token, cfg.cost.state_bytes) == (8064.0, float(account(KIMI_LINEAR_48B).fixed_bytes))
     cfg = parse_config(base + ["--model-path", str(model), "--kv-bytes-per-token", "5"])
-    assert (cfg.kv_bytes_per_token, cfg.state_bytes) == (5.0, float(account(KIMI_LINEAR_48B).fixed_bytes))
-    assert parse_config(base).kv_bytes_per_token == 17_100.0  # no model: the paper's case-study default
+    assert (cfg.cost.kv_bytes_per_token, cfg.cost.state_bytes) == (5.0, float(account(KIMI_LINEAR_48B).fixed_bytes))
+    assert parse_config(base).cost.kv_bytes_per_token == 17_100.0  # no model: the paper's case-study default
     with pytest.raises(ValueError, match="no config.json"):
         parse_config(base + ["--model-path", str(tmp_path)])

@@ -49,6 +49,13 @@ url = "http://127.0.0.1:30002"
     ({"decode_affinity_slack": -2}, "--decode-affinity-slack"),
     ({"max_body_bytes": -1}, "--max-body-bytes"),
     ({"max_chars_per_token": 0}, "--max-chars-per-token"),
+    # knobs of nested sub-configs: the sub-config refuses, the message names the router's flag
+    ({"link_budget_s": 0}, "--link-budget-s"),
+    ({"kv_bytes_per_token": 0}, "--kv-bytes-per-token"),
+    ({"state_bytes": -1}, "--state-bytes"),  # accepted by the flag, refused later by the cost model, before
+    ({"local_prefill_coef": (1.0, 2.0)}, "--local-prefill-coef"),
+    ({"controller_interval_s": 0}, "--controller-interval-s"),
+    ({"switch_dwell_s": -1}, "--switch-dwell-s"),
 ])
 def test_validation_names_the_flag(tmp_path, kw, flag):
     base = dict(local_prefill=("http://h:1;bootstrap=8998",), decode=("http://h:2",),

@@ -2,6 +2,7 @@
 fault-injection environment variable (read here and nowhere else)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 
@@ -17,10 +18,7 @@ _FAULTS = {"corrupt_chunk": (F.CorruptChunk, int), "stamp_version": (F.StampVers
 
 
 def transfer_config(cfg: PrfaasConfig) -> TransferConfig:
-    return TransferConfig(
-        connections=cfg.zmq_connections, chunk_bytes=cfg.zmq_chunk_bytes, window_bytes=cfg.zmq_window_bytes,
-        timeout_s=cfg.zmq_timeout_s, keys_dir=cfg.zmq_curve_keys or None,
-    )
+    return dataclasses.replace(cfg.transfer, keys_dir=cfg.zmq_curve_keys or None)
 
 
 def insecure_problem(cfg: PrfaasConfig, host: str) -> str | None:
