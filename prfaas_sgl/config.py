@@ -80,7 +80,7 @@ def is_loopback(host: str) -> bool:
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
-    except ValueError:
+    except ValueError:  # a host name: it may resolve to anything
         return False
 
 

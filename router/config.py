@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import ipaddress
 import json
 import os
 import tomllib
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from prfaas_sgl.cliargs import add_fields, build, dest_names, knob, nested, same_names
+from prfaas_sgl.config import is_loopback
 
 from .actuators.decide import DecideConfig
 from .controller import ControllerConfig
@@ -205,15 +205,6 @@ class RouterConfig:
     def admin_open(self) -> bool:
         """Whether /admin/* answers without a token: only on a loopback listener, where the host is the boundary."""
         return not self.admin_token and is_loopback(self.host)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        return False
 
 
 # ---------------------------------------------------------------- argparse / file
