@@ -15,9 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+from _legacy_regions import Region, item_regions  # Mooncake's raw addresses and the digests
 from prfaas_sgl.transfer import TransferConfig, kv_layout
 from prfaas_sgl.transfer.config import PeerInfo
-from prfaas_sgl.transfer.layout import MemoryLayout, Region, item_regions
+from prfaas_sgl.transfer.items import ItemBatch, Items
+from prfaas_sgl.transfer.layout import MemoryLayout
 
 MIB = 1 << 20
 
@@ -59,6 +61,23 @@ class Payload:
             "state") else []
         out[-1] += item_regions(self.layout, self.layout.ids_of("aux"), [aux])
         return out
+
+    def piece_batches(self, pages: list[int], slot: int, aux: int) -> list[ItemBatch]:
+        """The same pieces as item ids, what prfaas_zmq's transport moves."""
+        kv, state, aux_ids = (tuple(self.layout.ids_of(k)) for k in ("kv", "state", "aux"))
+        step = -(-self.pages // self.pieces)
+        out = [[Items(kv, np.array(pages[i: i + step]))] for i in range(0, self.pages, step)]
+        out[-1] += [Items(state, np.array([slot]))] if state else []
+        out[-1].append(Items(aux_ids, np.array([aux])))
+        return [ItemBatch(tuple(groups)) for groups in out]
+
+    def whole_batch(self, pages: list[int], slot: int, aux: int) -> ItemBatch:
+        """Every piece's items at once (a receiver expects each buffer in one group)."""
+        groups = [g for b in self.piece_batches(pages, slot, aux) for g in b.groups]
+        merged: dict[tuple[int, ...], list[int]] = {}
+        for g in groups:
+            merged.setdefault(g.buffer_ids, []).extend(g.index.tolist())
+        return ItemBatch(tuple(Items(ids, np.array(index)) for ids, index in merged.items()))
 
     @property
     def nbytes(self) -> int:
@@ -115,13 +134,14 @@ class ZmqRecv:
         if keys_dir:
             self.rx[True] = ZmqReceiver(p.layout, self.arena.views, cfg.replace(keys_dir=keys_dir), host=host)
         self.dst = [r for piece in p.piece_regions(p.dst_pages(), 0, 1) for r in piece]
+        self.batch = p.whole_batch(p.dst_pages(), 0, 1)
 
     def hello(self) -> dict:
         return {k: [a.address.host, a.address.port, a.address.server_key] for k, a in
                 (("plain", self.rx[False]), ("curve", self.rx.get(True, self.rx[False])))}
 
     def expect(self, tid: int, curve: bool) -> dict:
-        self.rx[curve].expect(tid, self.dst)
+        self.rx[curve].expect(tid, self.batch)
         return {}
 
     def wait(self, tid: int, curve: bool) -> dict:
@@ -135,6 +155,7 @@ class ZmqSend:
     def __init__(self, p: Payload, keys_dir: str | None) -> None:
         self.p, self.arena, self.keys_dir = p, Arena(p.layout, 1), keys_dir
         self.pieces = p.piece_regions(p.src_pages(), 0, 0)
+        self.batches = p.piece_batches(p.src_pages(), 0, 0)
         self.senders: dict[tuple, object] = {}
 
     def send(self, tid: int, peer: list, connections: int, chunk_bytes: int, curve: bool,
@@ -149,8 +170,8 @@ class ZmqSend:
 
     def _timed(self, tx, tid: int, peer: PeerInfo) -> dict:
         t0, c0 = time.perf_counter(), time.process_time()
-        for i, piece in enumerate(self.pieces):
-            tx.send(tid, peer, piece, last=i == len(self.pieces) - 1)
+        for i, batch in enumerate(self.batches):
+            tx.send(tid, peer, batch, last=i == len(self.batches) - 1)
         s = tx.wait(tid, 120)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         tx.release(tid)

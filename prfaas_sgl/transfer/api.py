@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
 from prfaas_sgl.transfer.items import ItemBatch
-from prfaas_sgl.transfer.layout import MemoryLayout, Region
+from prfaas_sgl.transfer.layout import MemoryLayout
 from prfaas_sgl.transfer.states import TransferStatus
 
 
@@ -27,9 +27,8 @@ class KVReceiver(Protocol):
     @property
     def fatal(self) -> str | None: ...
 
-    def expect(self, transfer_id: int, regions: Sequence[Region] | ItemBatch, timeout_s: float | None = None) -> None:
-        """Pre-register destination regions (or item ids: the staged path, ZmqReceiver only); bytes land
-        there in per-buffer stream order."""
+    def expect(self, transfer_id: int, batch: ItemBatch, timeout_s: float | None = None) -> None:
+        """Pre-register the destination items; bytes land there in per-buffer stream order."""
 
     def poll(self, transfer_id: int) -> TransferStatus: ...
 
@@ -52,10 +51,9 @@ class KVSender(Protocol):
     def worker_fatal(self) -> str | None:
         """Why a helper thread of the sender (stager, stats server) died, or None; `fatal` is the loop's."""
 
-    def send(self, transfer_id: int, peer: PeerInfo, regions: Sequence[Region] | ItemBatch, last: bool = False,
+    def send(self, transfer_id: int, peer: PeerInfo, batch: ItemBatch, last: bool = False,
              timeout_s: float | None = None) -> None:
-        """Queue source regions (or item ids: the staged path, ZmqSender only); call once per finished
-        prefill chunk, `last=True` with states + aux."""
+        """Queue source items; call once per finished prefill chunk, `last=True` with states + aux."""
 
     def poll(self, transfer_id: int) -> TransferStatus: ...
 

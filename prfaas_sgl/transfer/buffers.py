@@ -16,8 +16,7 @@ class Strided:
     """Raw memory whose item i is bytes [address + i * stride, + item_len): one logical buffer laid in a
     larger slab (the unified pool interleaves every layer's K/V rows, and states, in one buffer).
     The stride is local knowledge, never on the wire: the peer's layout sees item_len only, so a slab
-    side pairs with a packed one. Only the staged (ItemBatch) path reads it; byte `Region`s, which
-    assume packed items, are refused for it (`is_packed`)."""
+    side pairs with a packed one. The staged path views it row by row (`staging.item_tensor`)."""
 
     address: int
     nbytes: int  # span: (num_items - 1) * stride + item_len at least
@@ -30,7 +29,7 @@ class Strided:
 
 
 def is_packed(buf: Any) -> bool:
-    """Whether byte offsets of `buf` are item * item_len (what `Region`s and `as_bytes` assume)."""
+    """Whether byte offsets of `buf` are item * item_len (what `as_bytes` assumes)."""
     return not isinstance(buf, Strided)
 
 
@@ -57,3 +56,12 @@ def register(layout: MemoryLayout, buffers: Sequence[Any], writable: bool) -> li
         if mv.nbytes < spec.nbytes:
             raise ValueError(f"buffer {i} has {mv.nbytes} bytes, layout needs {spec.nbytes}")
     return views
+
+
+def check_host(layout: MemoryLayout, buffers: Sequence[Any], devices: Sequence[str], writable: bool) -> None:
+    """Raise ValueError now, not at the first transfer, when a packed host buffer is smaller than its spec
+    (or read-only where `writable`). Device and strided buffers are checked when the staged path first
+    views them (`staging.Pools`)."""
+    for spec, buf, dev in zip(layout.buffers, buffers, devices):
+        if dev == "cpu" and is_packed(buf):
+            register(MemoryLayout((spec,)), [buf], writable)

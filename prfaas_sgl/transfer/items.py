@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from prfaas_sgl.transfer.chunking import Coverage
+from prfaas_sgl.transfer.coverage import Coverage
 from prfaas_sgl.transfer.layout import MemoryLayout
 
 

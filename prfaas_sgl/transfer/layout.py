@@ -1,4 +1,4 @@
-"""Memory layout of one side of a transfer, modelled on SGLang's `KVArgs`, and page → region math.
+"""Memory layout of one side of a transfer, modelled on SGLang's `KVArgs`.
 
 A side registers a list of buffers, indexed by buffer id:
 
@@ -6,16 +6,15 @@ A side registers a list of buffers, indexed by buffer id:
      └──────────── kind "kv": item = one page ──────────────┘  └─ "state": one slot ─┘  └ one row
 
 Buffer `b` holds `num_items` items of `item_len` bytes; item `i` is bytes [i·item_len, (i+1)·item_len).
-A transfer moves *regions* — (buffer_id, offset, length) runs — and each buffer's regions, in the order
-given, form that buffer's byte stream. Sender stream and receiver stream of a buffer must have equal
-length; byte k of one lands on byte k of the other. Chunked prefill therefore works piece by piece:
-the receiver lists all its pages up front, the sender sends pages in the same request order as they finish.
+A transfer names the items it moves (`items.ItemBatch`), and each buffer's items, in the order given,
+form that buffer's byte stream. Sender stream and receiver stream of a buffer must have equal length;
+byte k of one lands on byte k of the other. Chunked prefill therefore works piece by piece: the
+receiver lists all its pages up front, the sender sends pages in the same request order as they finish.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
 
 import msgspec
 
@@ -34,15 +33,6 @@ class BufferSpec(msgspec.Struct, frozen=True):
         return self.item_len * self.num_items
 
 
-@dataclass(frozen=True, slots=True)
-class Region:
-    """Bytes [offset, offset + length) of buffer `buffer_id`."""
-
-    buffer_id: int
-    offset: int
-    length: int
-
-
 class MemoryLayout(msgspec.Struct, frozen=True):
     """The buffers one side registered. Wire-visible (sent in `Open`), so plain msgspec."""
 
@@ -57,14 +47,6 @@ class MemoryLayout(msgspec.Struct, frozen=True):
 
     def ids_of(self, kind: str) -> list[int]:
         return [i for i, b in enumerate(self.buffers) if b.kind == kind]
-
-    def check_region(self, r: Region) -> None:
-        """Raise ValueError if `r` leaves its buffer."""
-        if not 0 <= r.buffer_id < len(self.buffers):
-            raise ValueError(f"region buffer_id {r.buffer_id} not in 0..{len(self.buffers) - 1}")
-        size = self.buffers[r.buffer_id].nbytes
-        if r.offset < 0 or r.length <= 0 or r.offset + r.length > size:
-            raise ValueError(f"region {r} outside buffer {r.buffer_id} of {size} bytes")
 
     def mismatch(self, other: "MemoryLayout", sliced: Collection[int] = ()) -> str | None:
         """Why `other` (the peer's layout) cannot exchange data with this one, or None.
@@ -91,55 +73,3 @@ def kv_layout(num_layers: int, page_bytes: int, num_pages: int, state_bytes: Seq
     states = [BufferSpec("state", n, num_slots) for n in state_bytes]
     aux = [BufferSpec("aux", aux_bytes, num_aux)] if aux_bytes else []
     return MemoryLayout(tuple(kv + states + aux))
-
-
-def coalesce(item_len: int, indices: Iterable[int]) -> list[tuple[int, int]]:
-    """Group item indices, in the given order, into (byte offset, byte length) runs.
-
-    Consecutive indices i, i+1, ... merge into one run; order is preserved (no sorting), because the
-    order defines the byte stream. [3, 4, 5, 9, 1, 2] → runs for items [3..5], [9], [1..2].
-    """
-    runs: list[tuple[int, int]] = []
-    start = prev = None
-    for i in indices:
-        if prev is not None and i == prev + 1:
-            prev = i
-            continue
-        if start is not None:
-            runs.append((start * item_len, (prev - start + 1) * item_len))
-        start = prev = i
-    if start is not None:
-        runs.append((start * item_len, (prev - start + 1) * item_len))
-    return runs
-
-
-def item_regions(layout: MemoryLayout, buffer_ids: Iterable[int], indices: Sequence[int]) -> list[Region]:
-    """Regions covering items `indices` (pages or slots) of every buffer in `buffer_ids`, coalesced."""
-    out: list[Region] = []
-    for b in buffer_ids:
-        item_len = layout.buffers[b].item_len
-        out.extend(Region(b, off, n) for off, n in coalesce(item_len, indices))
-    return out
-
-
-def page_regions(layout: MemoryLayout, pages: Sequence[int]) -> list[Region]:
-    """Regions of `pages` in every KV buffer (all layers' K then V)."""
-    return item_regions(layout, layout.ids_of("kv"), pages)
-
-
-def tail_regions(layout: MemoryLayout, state_slot: int | None, aux_index: int | None) -> list[Region]:
-    """Regions of one state slot in every state buffer plus one aux row (the last piece of a request)."""
-    out: list[Region] = []
-    if state_slot is not None:
-        out += item_regions(layout, layout.ids_of("state"), [state_slot])
-    if aux_index is not None:
-        out += item_regions(layout, layout.ids_of("aux"), [aux_index])
-    return out
-
-
-def stream_lengths(regions: Iterable[Region]) -> dict[int, int]:
-    """Bytes per buffer id in `regions`."""
-    totals: dict[int, int] = {}
-    for r in regions:
-        totals[r.buffer_id] = totals.get(r.buffer_id, 0) + r.length
-    return totals

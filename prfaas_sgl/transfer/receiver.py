@@ -6,9 +6,9 @@ ABORTED / TIMED_OUT with a reason. Only the connection that opened a transfer ma
 (see `recv_gate.session_of`); a message that no transfer may be failed for is refused alone: counted
 in `refusal_counts()`, logged, answered with `Failed`. After `release()` returns, nothing more is written.
 
-Destinations are byte `Region`s of host buffers (scattered with memcpy), or an `ItemBatch` (the staged
-staged path, any device: `landing.Lander` writes each verified chunk with index_copy_, on a copy
-stream for device pools; Done waits until those copies completed, and release() waits for them too).
+Destinations are an `ItemBatch` (the staged path, any device): `landing.Lander` writes each verified
+chunk with index_copy_, on a copy stream for device pools; Done waits until those copies completed, and
+release() waits for them too.
 
 Pieces: `recv_gate.py` (who may speak), `recv_checks.py` (what may be written: pure), `recv_book.py`
 (per-transfer state and deadlines); this file owns the socket, the destination memory and the order.
@@ -25,11 +25,10 @@ from typing import Any
 import zmq
 
 import prfaas_sgl.transfer.faults as F  # not `from ..transfer import`: the package lazily imports us
-from prfaas_sgl.transfer.buffers import is_packed, register
-from prfaas_sgl.transfer.chunking import dest_streams, scatter
+from prfaas_sgl.transfer.buffers import check_host
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
-from prfaas_sgl.transfer.items import ItemBatch, ItemStream, item_streams
-from prfaas_sgl.transfer.layout import MemoryLayout, Region
+from prfaas_sgl.transfer.items import ItemBatch, item_streams
+from prfaas_sgl.transfer.layout import MemoryLayout
 from prfaas_sgl.transfer.loop import SocketLoop, make_socket
 from prfaas_sgl.transfer.messages import Abort, Ack, Chunk, Close, Codec, DecodeError, Done, Open, OpenAck
 from prfaas_sgl.transfer.recv_book import InTransfer, RecvBook
@@ -46,8 +45,7 @@ _DRAIN_MAX = 64  # messages handled per wake-up before deadlines are looked at a
 
 class ZmqReceiver(SocketLoop):
     """Receives into `buffers` (one per `layout` entry: bytearray / numpy / (address, nbytes) / Strided);
-    `devices` per buffer, "cpu" (default) or "cuda:N" (device and strided buffers take ItemBatch
-    destinations only)."""
+    `devices` per buffer, "cpu" (default) or "cuda:N"."""
 
     def __init__(self, layout: MemoryLayout, buffers: Sequence[Any], cfg: TransferConfig,
                  host: str = "127.0.0.1", port: int = 0, faults: tuple[F.Fault, ...] = (),
@@ -55,16 +53,14 @@ class ZmqReceiver(SocketLoop):
         super().__init__("transfer-recv")
         self.layout, self.cfg = layout, cfg
         self._buffers, self._devices = list(buffers), list(devices or ["cpu"] * len(buffers))
-        self._views = [register(MemoryLayout((spec,)), [buf], writable=True)[0]
-                       if dev == "cpu" and is_packed(buf) else None
-                       for spec, buf, dev in zip(layout.buffers, self._buffers, self._devices)]
+        check_host(layout, self._buffers, self._devices, writable=True)
         if len(self._buffers) != len(layout.buffers):
             raise ValueError(f"{len(buffers)} buffers given for a layout of {len(layout.buffers)}")
         self._lander: Any = None  # landing.Lander, made at the first ItemBatch (torch loads only then)
         self._settling: dict[int, InTransfer] = {}  # complete on the wire, device copies still running
         self._slow = F.find(faults, F.SlowReceiver)
         self._book = RecvBook(cfg, self._send)
-        # Held around "still ours?" + scatter; release() takes it after revoking, so that once it returns
+        # Held around "still ours?" + landing; release() takes it after revoking, so that once it returns
         # no write into the transfer's pages is in progress or can start (they may be reused at once).
         self._write_lock = threading.Lock()
         self._gate = Gate(self._book, self._send)
@@ -87,22 +83,14 @@ class ZmqReceiver(SocketLoop):
         self.start()
 
     # -- public API (any thread) ------------------------------------------------------------------
-    def expect(self, transfer_id: int, regions: Sequence[Region] | ItemBatch,
-               timeout_s: float | None = None) -> None:
-        """Pre-register destination `regions` (stream order per buffer), or an ItemBatch, for `transfer_id`.
+    def expect(self, transfer_id: int, batch: ItemBatch, timeout_s: float | None = None) -> None:
+        """Pre-register the destination items of `transfer_id` (stream order per buffer).
 
         It fails when nothing arrives for `timeout_s` (default cfg.timeout_s; every accepted Open, Chunk
         and Close counts), or when it outlives `cfg.cap_s` of its bytes counted from its Open.
         """
-        if isinstance(regions, ItemBatch):
-            streams: dict[int, Any] = item_streams(self.layout, regions)  # vectorised checks, no per-item work
-            self._landing()
-        else:
-            for r in regions:
-                self.layout.check_region(r)
-                if self._views[r.buffer_id] is None:
-                    raise ValueError(f"buffer {r.buffer_id} is device or strided memory: expect it as an ItemBatch")
-            streams = dest_streams(regions)
+        streams = item_streams(self.layout, batch)  # vectorised checks, no per-item work
+        self._landing()
         t = InTransfer(transfer_id, streams, sum(s.total for s in streams.values()), time.monotonic(),
                        timeout_s or self.cfg.timeout_s)
         self.call_sync(self._book.add, t)
@@ -118,9 +106,9 @@ class ZmqReceiver(SocketLoop):
         self.call(self._book.abort, transfer_id, reason)
 
     def release(self, transfer_id: int) -> None:
-        """Forget a transfer: once this returns nothing more is written into its regions, so its pages
+        """Forget a transfer: once this returns nothing more is written into its items, so its pages
         may be reused at once; chunks still arriving are refused. Any thread, the loop thread included
-        (which never holds the write lock while it runs calls). Blocks at most one chunk's scatter."""
+        (which never holds the write lock while it runs calls). Blocks at most one chunk's landing."""
         t = self._book.transfers.get(transfer_id)  # a loop-thread dict, read under the GIL: get() is atomic
         if t is not None:
             with self._write_lock:
@@ -213,7 +201,7 @@ class ZmqReceiver(SocketLoop):
         t.sender, t.session = src.ident, src.session
         t.progress = time.monotonic()
         t.opened = t.opened or t.progress
-        sliced = [b for b, s in t.streams.items() if isinstance(s, ItemStream) and s.head is not None]
+        sliced = [b for b, s in t.streams.items() if s.head is not None]
         problem = (self.layout.mismatch(msg.layout, sliced)
                    or chunk_size_problem(msg.chunk_bytes, self._max_frame, self.cfg.chunk_bytes))
         if problem:
@@ -244,15 +232,11 @@ class ZmqReceiver(SocketLoop):
         self._maybe_complete(t)
 
     def _write(self, t: InTransfer, msg: Chunk, views: list[memoryview]) -> bool:
-        """Scatter a verified chunk unless `t` was released; False = not written."""
+        """Land a verified chunk unless `t` was released; False = not written."""
         with self._write_lock:
             if t.revoked:
                 return False
-            stream = t.streams[msg.buffer_id]
-            if isinstance(stream, ItemStream):
-                self._lander.write(t.copies, msg.buffer_id, stream, msg.offset, views)
-            else:
-                scatter(self._views[msg.buffer_id], stream, msg.offset, views)
+            self._lander.write(t.copies, msg.buffer_id, t.streams[msg.buffer_id], msg.offset, views)
             return True
 
     def _on_close(self, src: From, msg: Close, _: list) -> None:

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prfaas_sgl.transfer.chunking import DestStream
 from prfaas_sgl.transfer.config import TransferConfig
+from prfaas_sgl.transfer.items import ItemStream
 from prfaas_sgl.transfer.messages import Abort, Close, Failed
 from prfaas_sgl.transfer.states import StatusTable, TransferState as S, TransferStatus
 
@@ -24,7 +24,7 @@ from prfaas_sgl.transfer.states import StatusTable, TransferState as S, Transfer
 @dataclass(slots=True)
 class InTransfer:
     tid: int
-    streams: dict[int, DestStream]
+    streams: dict[int, ItemStream]
     expected: int  # bytes, all streams
     progress: float  # expect(), then the last accepted Open, Chunk or Close (time.monotonic())
     timeout_s: float  # no-progress deadline

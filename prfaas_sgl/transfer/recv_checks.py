@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import xxhash
 
-from prfaas_sgl.transfer.chunking import DestStream
 from prfaas_sgl.transfer.config import MIN_CHUNK_BYTES, TransferConfig
 from prfaas_sgl.transfer.items import ItemStream
 from prfaas_sgl.transfer.layout import MemoryLayout
@@ -70,7 +69,7 @@ def chunk_problem(t: InTransfer, msg: Chunk, views: list[memoryview], ranges: in
     return None
 
 
-def _placement_problem(stream: DestStream | ItemStream, msg: Chunk, end: int, ranges: int) -> str | None:
+def _placement_problem(stream: ItemStream, msg: Chunk, end: int, ranges: int) -> str | None:
     where = f"chunk {msg.seq} bytes [{msg.offset}, {end}) of buffer {msg.buffer_id}"
     if stream.covered.overlaps(msg.offset, end):
         return f"{where} overlap bytes already received"
@@ -82,14 +81,11 @@ def _placement_problem(stream: DestStream | ItemStream, msg: Chunk, end: int, ra
     return None
 
 
-def _short(stream: DestStream | ItemStream, length: int, end: int) -> bool:
-    """Shorter than any sender cuts an item stream (the staged path): its chunks are whole stream items
-    or chunk_bytes (>= MIN_CHUNK_BYTES) pieces of one, so only a chunk that ends an item may be shorter
-    than min(MIN_CHUNK_BYTES, item). A byte-region destination says nothing of where a sender's send()s
-    end (a legitimate chunk may end anywhere there), so only the range cap bounds it."""
-    if not isinstance(stream, ItemStream) or length >= _floor(stream):
-        return False
-    return end % stream.stream_len != 0
+def _short(stream: ItemStream, length: int, end: int) -> bool:
+    """Shorter than any sender cuts an item stream: its chunks are whole stream items or chunk_bytes
+    (>= MIN_CHUNK_BYTES) pieces of one, so only a chunk that ends an item may be shorter than
+    min(MIN_CHUNK_BYTES, item)."""
+    return length < _floor(stream) and end % stream.stream_len != 0
 
 
 def _floor(stream: ItemStream) -> int:

@@ -46,7 +46,7 @@ class OutTransfer:
     progress: float  # last send(), OpenAck or Ack of this transfer (time.monotonic())
     state: S = S.OPENING
     reason: str = ""
-    jobs: collections.deque = field(default_factory=collections.deque)  # (ChunkPlan, t_enqueued) | CLOSE
+    jobs: collections.deque = field(default_factory=collections.deque)  # (StagePlan, t_enqueued) | CLOSE
     stream_pos: dict[int, int] = field(default_factory=dict)
     next_seq: int = 0
     inflight: int = 0  # == sum(sent.values())

@@ -1,14 +1,13 @@
 """Sending end (prefill side): per peer, `connections` DEALER sockets on one loop thread.
 
 Per transfer: Open ─(wait OpenAck)─▶ chunks striped round-robin over the peer's connections, each
-one zero-copy view of source memory, while the peer's window has credit ─▶ Close after the last piece
+one staged ring slot sent without a copy, while the peer's window has credit ─▶ Close after the last piece
 ─(wait Done)─▶ DONE. Source memory must stay unchanged until the transfer is terminal. A link's
 connections carry its secret token in their ROUTING_IDs, so only this link can feed its transfers.
 
-Two kinds of send(): byte `Region`s of host buffers (each chunk = zero-copy views of source memory), or
-an `ItemBatch` (the staged path the SGLang backend uses on every device: the loop plans chunks
-of item ids in O(chunks), `staging.Stager` gathers each into a ring slot on its own thread, and the loop
-sends each staged slot as one tracked zero-copy frame). Both give the same wire messages.
+send() takes an `ItemBatch` (the staged path, on every device): the loop plans chunks of item ids in
+O(chunks), `staging.Stager` gathers each into a ring slot on its own thread, and the loop sends each
+staged slot as one tracked zero-copy frame.
 
 Pieces: `peers.py` (links: sockets, window, queue), `send_book.py` (per-transfer state and deadlines),
 `send_frames.py` (headers and zero-copy frames), `items.py` + `staging.py` (the staged path); this file
@@ -27,11 +26,10 @@ from typing import Any
 import zmq
 
 import prfaas_sgl.transfer.faults as F  # not `from ..transfer import`: the package lazily imports us
-from prfaas_sgl.transfer.buffers import is_packed, register
-from prfaas_sgl.transfer.chunking import plan_chunks
+from prfaas_sgl.transfer.buffers import check_host
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
 from prfaas_sgl.transfer.items import ItemBatch, StagePlan, plan_items
-from prfaas_sgl.transfer.layout import MemoryLayout, Region
+from prfaas_sgl.transfer.layout import MemoryLayout
 from prfaas_sgl.transfer.loop import LoopDead, SocketLoop, make_context
 from prfaas_sgl.transfer.messages import Codec, DecodeError, Failed, Open
 from prfaas_sgl.transfer.peers import Link, LinkTable, open_link
@@ -46,9 +44,9 @@ log = logging.getLogger(__name__)
 class ZmqSender(SocketLoop):
     """Sends from `buffers` (one per `layout` entry) to any number of `ZmqReceiver` peers.
 
-    devices: per buffer, "cpu" (default) or "cuda:N" (then the buffer is `(device address, nbytes)` and
-    only ItemBatch sends may read it). on_terminal(tid): called on the loop thread whenever a transfer's
-    status becomes terminal (the prefill's watch thread waits on it instead of polling).
+    devices: per buffer, "cpu" (default) or "cuda:N" (then the buffer is `(device address, nbytes)`).
+    on_terminal(tid): called on the loop thread whenever a transfer's status becomes terminal (the
+    prefill's watch thread waits on it instead of polling).
     """
 
     def __init__(self, layout: MemoryLayout, buffers: Sequence[Any], cfg: TransferConfig,
@@ -58,9 +56,8 @@ class ZmqSender(SocketLoop):
         super().__init__("transfer-send")
         self.layout, self.cfg = layout, cfg
         self._buffers, self._devices = list(buffers), list(devices or ["cpu"] * len(buffers))
-        self._host_views = [d == "cpu" and is_packed(b) for b, d in zip(buffers, self._devices)]
-        host = [b if h else bytearray(0) for b, h in zip(buffers, self._host_views)]
-        self._frames = FrameMaker(_register_host(layout, host, self._host_views), faults)
+        check_host(layout, self._buffers, self._devices, writable=False)
+        self._frames = FrameMaker(faults)
         self._stager: Any = None  # staging.Stager, made at the first ItemBatch (torch loads only then)
         self._ctx = make_context(cfg)
         self._codec = Codec()  # replies
@@ -74,22 +71,16 @@ class ZmqSender(SocketLoop):
         self.start()
 
     # -- public API (any thread; never blocks on the network) --------------------------------------
-    def send(self, transfer_id: int, peer: PeerInfo, regions: Sequence[Region] | ItemBatch,
-             last: bool = False, timeout_s: float | None = None) -> None:
-        """Queue `regions` (stream order per buffer) or an `ItemBatch` of `transfer_id` for `peer`; `last`
-        closes it. An ItemBatch costs the caller O(1): its ids are read and checked on the stager thread
-        (a bad id fails the transfer there).
+    def send(self, transfer_id: int, peer: PeerInfo, batch: ItemBatch, last: bool = False,
+             timeout_s: float | None = None) -> None:
+        """Queue `batch` (stream order per buffer) of `transfer_id` for `peer`; `last` closes it. It costs
+        the caller O(1): its ids are read and checked on the stager thread (a bad id fails the transfer
+        there).
 
         The first call opens the transfer with no-progress deadline `timeout_s` (default cfg.timeout_s);
         every call counts as progress. Never raises for a dead loop: `poll()` reports it.
         """
-        if not isinstance(regions, ItemBatch):
-            for r in regions:
-                self.layout.check_region(r)
-                if not self._host_views[r.buffer_id]:
-                    raise ValueError(f"buffer {r.buffer_id} is device or strided memory: send it as an ItemBatch")
-            regions = list(regions)
-        self._call(self._send, transfer_id, peer, regions, last, timeout_s or self.cfg.timeout_s)
+        self._call(self._send, transfer_id, peer, batch, last, timeout_s or self.cfg.timeout_s)
 
     def poll(self, transfer_id: int) -> TransferStatus:
         status = self._book.status.get(transfer_id)
@@ -139,15 +130,13 @@ class ZmqSender(SocketLoop):
                 raise  # used after close(): a caller bug
 
     # -- loop thread: API handlers ----------------------------------------------------------------
-    def _send(self, tid: int, peer: PeerInfo, regions: list[Region] | ItemBatch, last: bool,
-              timeout_s: float) -> None:
+    def _send(self, tid: int, peer: PeerInfo, batch: ItemBatch, last: bool, timeout_s: float) -> None:
         try:
-            self._queue(tid, peer, regions, last, timeout_s)
+            self._queue(tid, peer, batch, last, timeout_s)
         except Exception as e:
             self._book.contain(tid, "send", e)
 
-    def _queue(self, tid: int, peer: PeerInfo, regions: list[Region] | ItemBatch, last: bool,
-               timeout_s: float) -> None:
+    def _queue(self, tid: int, peer: PeerInfo, batch: ItemBatch, last: bool, timeout_s: float) -> None:
         t = self._book.transfers.get(tid)
         if t is None:
             t = self._open(tid, peer, timeout_s)
@@ -160,11 +149,8 @@ class ZmqSender(SocketLoop):
             self._book.fail(t, S.FAILED, f"bad send for transfer {tid}: {why}", notify=True)
             return
         now = time.monotonic()
-        if isinstance(regions, ItemBatch):
-            plans: list[Any] = plan_items(self.layout, regions, t.stream_pos, self.cfg.chunk_bytes)
-            self._staging().submit(plans)
-        else:
-            plans = plan_chunks(regions, t.stream_pos, self.cfg.chunk_bytes)
+        plans = plan_items(self.layout, batch, t.stream_pos, self.cfg.chunk_bytes)
+        self._staging().submit(plans)
         t.jobs.extend((c, now) for c in plans)
         t.queued += sum(c.length for c in plans)
         t.progress = now
@@ -214,7 +200,7 @@ class ZmqSender(SocketLoop):
 
     def _drop_job(self, job: Any) -> None:
         """A failed transfer's queued job: a staged slot goes back to the ring."""
-        if job is not CLOSE and isinstance(job[0], StagePlan):
+        if job is not CLOSE:
             self._stager.cancel(job[0])
 
     def _new_link(self, peer: PeerInfo) -> Link:
@@ -323,24 +309,15 @@ class ZmqSender(SocketLoop):
 
     def _try_job(self, link: Link, t: OutTransfer, job: Any) -> bool:
         if job is CLOSE:
-            if not link.try_send(self._frames.close(t.tid, t.next_seq, t.stream_pos)):
-                return False
-            t.mark = link.sent_total
-            return True
+            return self._try_close(link, t)
         plan, queued_at = job
-        if isinstance(plan, StagePlan):
-            return self._try_staged(link, t, plan, queued_at)
-        if not link.has_credit(plan.length):
-            return False
-        if not link.try_send(self._frames.chunk(t.tid, t.next_seq, plan)):
-            return False
-        self._sent(link, t, plan.length, queued_at)
-        return True
+        return self._try_staged(link, t, plan, queued_at)
 
-    def _sent(self, link: Link, t: OutTransfer, nbytes: int, queued_at: float) -> None:
-        link.on_sent(nbytes, time.monotonic() - queued_at)
-        self._book.on_sent(t, t.next_seq, nbytes)
-        t.next_seq += 1
+    def _try_close(self, link: Link, t: OutTransfer) -> bool:
+        if not link.try_send(self._frames.close(t.tid, t.next_seq, t.stream_pos)):
+            return False
+        t.mark = link.sent_total
+        return True
 
     def _try_staged(self, link: Link, t: OutTransfer, plan: StagePlan, queued_at: float) -> bool:
         from prfaas_sgl.transfer.staging import FAILED, STAGED
@@ -355,19 +332,11 @@ class ZmqSender(SocketLoop):
         if not sent:
             return False
         self._stager.sent(plan, tracker)
-        self._sent(link, t, plan.length, queued_at)
+        link.on_sent(plan.length, time.monotonic() - queued_at)
+        self._book.on_sent(t, t.next_seq, plan.length)
+        t.next_seq += 1
         return True
 
 
 def _nothing() -> None:
     pass
-
-
-def _register_host(layout: MemoryLayout, buffers: list[Any], host: list[bool]) -> list[memoryview]:
-    """Zero-copy views of the packed host buffers (device and strided buffers get an empty view: regions
-    may not name them)."""
-    views = []
-    for b, (buf, is_host) in enumerate(zip(buffers, host)):
-        views.append(register(MemoryLayout((layout.buffers[b],)), [buf], writable=False)[0] if is_host
-                     else memoryview(b""))
-    return views

@@ -8,11 +8,11 @@ import xxhash
 import zmq
 
 from prfaas_sgl.transfer.config import TransferConfig
-from prfaas_sgl.transfer.layout import item_regions, page_regions
+from prfaas_sgl.transfer.items import ItemBatch, Items
 from prfaas_sgl.transfer.messages import Chunk, Close, Codec, Open
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
-from tests.support.transport import read_regions, small_layout
+from tests.support.transport import batch, read_items, small_layout
 
 LAYOUT = small_layout()  # kv buffers 0..3 of 64 pages × 4 KiB
 PAGE = 4096
@@ -24,16 +24,16 @@ CODEC = Codec()
 
 def assert_serving(rx, src, pages=(40, 41, 42)):
     """The receiver is alive and a legitimate transfer after the attack lands exactly."""
-    tid, regions = next(IDS), page_regions(LAYOUT, list(pages))
-    rx.call("expect", tid, regions)
+    tid, items = next(IDS), batch(LAYOUT, list(pages))
+    rx.call("expect", tid, items)
     tx = ZmqSender(LAYOUT, src, CFG)
     try:
-        tx.send(tid, rx.address, regions, last=True)
+        tx.send(tid, rx.address, items, last=True)
         assert tx.wait(tid, 10).state is S.DONE
     finally:
         tx.close()
     assert rx.call("wait", tid, 10).state is S.DONE
-    assert rx.call("read", regions) == read_regions(src, regions)
+    assert rx.call("read", items) == read_items(src, LAYOUT, items)
 
 
 class RawPeer:
@@ -71,8 +71,9 @@ class RawPeer:
         self.ctx.term()
 
 
-def buffer0(pages) -> list:
-    return item_regions(LAYOUT, [0], list(pages))
+def buffer0(pages) -> ItemBatch:
+    """Pages of K buffer 0 only: one stream a hand-driven peer can fill chunk by chunk."""
+    return ItemBatch((Items((0,), np.asarray(list(pages))),))
 
 
 def payload(seed: int, n: int = PAGE) -> bytes:

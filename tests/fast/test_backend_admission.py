@@ -161,10 +161,9 @@ def test_control_socket_refuses_forged_register_over_tcp(keys):
 def test_sender_will_not_encrypt_kv_for_an_announced_untrusted_key(keys, tmp_path):
     """Second redirection repro, over real sockets: an attacker's CURVE receiver that even authorizes the
     prefill's client key. Before the fix the transfer completed into the attacker's memory."""
-    from prfaas_sgl.transfer.layout import page_regions
     from prfaas_sgl.transfer.receiver import ZmqReceiver
     from prfaas_sgl.transfer.sender import ZmqSender
-    from tests.support.transport import fill_random, small_layout
+    from tests.support.transport import batch, fill_random, small_layout
 
     good, attacker = keys
     evil = tmp_path / "evil"
@@ -175,9 +174,9 @@ def test_sender_will_not_encrypt_kv_for_an_announced_untrusted_key(keys, tmp_pat
     rx = ZmqReceiver(layout, fill_random(layout, seed=1), cfg.replace(keys_dir=str(evil)))
     tx = ZmqSender(layout, fill_random(layout, seed=2), cfg.replace(keys_dir=good))
     try:
-        regions = page_regions(layout, [1, 2])
-        rx.expect(9, regions)
-        tx.send(9, rx.address, regions, last=True)  # rx.address carries the attacker's server key
+        items = batch(layout, [1, 2])
+        rx.expect(9, items)
+        tx.send(9, rx.address, items, last=True)  # rx.address carries the attacker's server key
         status = tx.wait(9, 10)
         assert status.state is S.FAILED and "untrusted CURVE server key" in status.reason
         assert rx.poll(9).nbytes == 0

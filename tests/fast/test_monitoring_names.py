@@ -24,10 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prfaas_sgl.tools.deploy.prometheus import metric_names
 from prfaas_sgl.tools.launch import free_port
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
-from prfaas_sgl.transfer.layout import page_regions
 from prfaas_sgl.transfer.receiver import ZmqReceiver
 from tests.support.router_standin import RoomBoard, Standin, build_tiny_tokenizer
-from tests.support.transport import Remote, small_layout
+from tests.support.transport import Remote, batch, small_layout
 
 pytestmark = pytest.mark.timeout(90)
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
@@ -65,11 +64,11 @@ def transport_metrics() -> str:
     rx = ZmqReceiver(layout, [np.zeros(b.nbytes, np.uint8) for b in layout.buffers], cfg)
     try:
         with Remote("sender", layout, cfg, stats_port=port) as tx:
-            regions = page_regions(layout, range(4))
-            rx.expect(1, regions)
-            tx.call("send", 1, rx.address, regions, True)
+            items = batch(layout, range(4))
+            rx.expect(1, items)
+            tx.call("send", 1, rx.address, items, True)
             assert tx.call("wait", 1, 20).state.value == "done"
-            tx.call("send", 2, PeerInfo("not-an-ip", 1), regions, True)  # counted as a bad_peer failure
+            tx.call("send", 2, PeerInfo("not-an-ip", 1), items, True)  # counted as a bad_peer failure
             assert tx.call("wait", 2, 20).state.value == "failed"
             return _get(f"http://127.0.0.1:{port}/metrics")
     finally:

@@ -24,10 +24,10 @@ from prfaas_sgl.router.kv_events import BlockStored, KVEventBatch, KVEventSubscr
 from prfaas_sgl.router.metrics import RouterMetrics
 from prfaas_sgl.router.prefix_index import ExactIndex
 from prfaas_sgl.transfer.config import TransferConfig
-from prfaas_sgl.transfer.layout import kv_layout, page_regions
+from prfaas_sgl.transfer.layout import kv_layout
 from prfaas_sgl.transfer.stats import StatsBook, StatsServer
 from tests.support.router_standin import RoomBoard, Standin, build_tiny_tokenizer
-from tests.support.transport import Remote, fill_random
+from tests.support.transport import Remote, batch, fill_random
 
 pytestmark = pytest.mark.timeout(60)
 MB = 1_000_000
@@ -282,7 +282,7 @@ def _remote_prefill(conn, netns: str, host: str) -> None:
     try:
         conn.send(stats.port)
         tid, peer = conn.recv()
-        tx.send(tid, peer, page_regions(layout, range(LINK_LAYOUT[2])), last=True)
+        tx.send(tid, peer, batch(layout, range(LINK_LAYOUT[2])), last=True)
         status = tx.wait(tid, 60)
         conn.send((status.state.value, status.nbytes, tx.stats.snapshot()))
         conn.recv()
@@ -327,7 +327,7 @@ async def _link_scenario(tmp_path, link, conn) -> tuple[list[tuple[float, float]
                                link_gbps=RATE_MBIT / 1000, loads_interval_s=0.25, transport_stats_url=stats_url)
             handle = await start_router(cfg)
             try:
-                rx.call("expect", 1, page_regions(kv_layout(*LINK_LAYOUT), range(LINK_LAYOUT[2])))
+                rx.call("expect", 1, batch(kv_layout(*LINK_LAYOUT), range(LINK_LAYOUT[2])))
                 conn.send((1, rx.address))
                 samples = await _watch_router_goodput(handle.router, lambda: conn.poll(0))
                 state, nbytes, snap = conn.recv()

@@ -142,8 +142,9 @@ def transfer(src_pools, dst_pool, src_tp: int, dst_tp: int, dst_rank: int, src_s
             tx_pair = pairing(src_tp, dst_tp, r, dst_rank, 2, 1, 8, src_states, me=Side.PREFILL)
             rx_pair = pairing(src_tp, dst_tp, r, dst_rank, 2, 1, 8, dst_states, me=Side.DECODE)
             assert tx_pair.states == rx_pair.states  # both sides derive the same runs from their own facts
-            rx_batch = with_state_runs(ItemBatch((Items(tuple(ids), np.array([dst_slot])),)), rx_pair, ids, Side.DECODE)
-            tx_batch = with_state_runs(ItemBatch((Items(tuple(ids), np.array([src_slot])),)), tx_pair, ids, Side.PREFILL)
+            slots = {s: ItemBatch((Items(tuple(ids), np.array([s])),)) for s in (src_slot, dst_slot)}
+            rx_batch = with_state_runs(slots[dst_slot], rx_pair, ids, Side.DECODE)
+            tx_batch = with_state_runs(slots[src_slot], tx_pair, ids, Side.PREFILL)
             rx.expect(r, rx_batch)
             tx = ZmqSender(src_lay, src_bufs, CFG)
             senders.append(tx)

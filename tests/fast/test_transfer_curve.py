@@ -5,11 +5,10 @@ import shutil
 import pytest
 
 from prfaas_sgl.transfer.config import TransferConfig
-from prfaas_sgl.transfer.layout import page_regions
 from prfaas_sgl.transfer.security import generate_keys, server_public_key
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
-from tests.support.transport import Remote, fill_random, read_regions, small_layout
+from tests.support.transport import Remote, batch, fill_random, read_items, small_layout, stream_bytes
 
 LAYOUT = small_layout()
 PAGES = [3, 4, 5, 9]
@@ -36,25 +35,25 @@ def test_only_authorized_senders_deliver(keys):
     src = fill_random(LAYOUT, seed=5)
     with Remote("receiver", LAYOUT, cfg(good)) as rx:
         assert rx.address.server_key == server_public_key(good)
-        regions = page_regions(LAYOUT, PAGES)
+        items = batch(LAYOUT, PAGES)
         refused = ("CURVE authentication refused by", "handshake with")
         for tid, sender_cfg, reason in ((1, cfg(intruder), refused[0]), (2, cfg(None), refused[1])):
-            rx.call("expect", tid, regions, 5.0)
+            rx.call("expect", tid, items, 5.0)
             tx = ZmqSender(LAYOUT, src, sender_cfg)
             try:
-                tx.send(tid, rx.address, regions, last=True)
+                tx.send(tid, rx.address, items, last=True)
                 s = tx.wait(tid, 15)
             finally:
                 tx.close()
             assert s.state is S.FAILED and s.reason.startswith(f"{reason} {rx.address.key()}")
             r = rx.call("poll", tid)
             assert (r.state, r.nbytes) == (S.WAITING, 0)
-        assert rx.call("read", regions) == bytes(sum(r.length for r in regions))  # nothing injected
+        assert rx.call("read", items) == bytes(stream_bytes(LAYOUT, items))  # nothing injected
         tx = ZmqSender(LAYOUT, src, cfg(good))
         try:
-            tx.send(1, rx.address, regions, last=True)
+            tx.send(1, rx.address, items, last=True)
             assert tx.wait(1, 15).state is S.DONE
         finally:
             tx.close()
         assert rx.call("wait", 1, 15).state is S.DONE
-        assert rx.call("read", regions) == read_regions(src, regions)
+        assert rx.call("read", items) == read_items(src, LAYOUT, items)

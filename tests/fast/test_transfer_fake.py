@@ -2,10 +2,9 @@
 
 import numpy as np
 
-from prfaas_sgl.transfer.layout import page_regions, tail_regions
 from prfaas_sgl.transfer.states import TransferState as S
 from tests.support.fake_transport import FakeTransport
-from tests.support.transport import fill_random, read_regions, small_layout
+from tests.support.transport import batch, fill_random, read_items, small_layout
 
 LAYOUT = small_layout()
 
@@ -19,14 +18,14 @@ def pair(timeout_s=5.0):
 
 def test_fake_moves_pages_and_tail_in_stream_order():
     net, tx, rx, src, dst = pair()
-    dst_regions = page_regions(LAYOUT, [9, 8, 7]) + tail_regions(LAYOUT, 1, 2)
-    rx.expect(1, dst_regions)
+    rx.expect(1, batch(LAYOUT, [9, 8, 7], slot=1, aux=2))
     assert rx.poll(1).state is S.WAITING
-    tx.send(1, rx.address, page_regions(LAYOUT, [0, 1]))
+    tx.send(1, rx.address, batch(LAYOUT, [0, 1]))
     assert tx.poll(1).state is S.TRANSFERRING
-    tx.send(1, rx.address, page_regions(LAYOUT, [5]) + tail_regions(LAYOUT, 0, 0), last=True)
+    tx.send(1, rx.address, batch(LAYOUT, [5], slot=0, aux=0), last=True)
     assert (tx.poll(1).state, rx.poll(1).state) == (S.DONE, S.DONE)
-    assert read_regions(dst, tail_regions(LAYOUT, 1, 2)) == read_regions(src, tail_regions(LAYOUT, 0, 0))
+    tail_dst, tail_src = batch(LAYOUT, slot=1, aux=2), batch(LAYOUT, slot=0, aux=0)
+    assert read_items(dst, LAYOUT, tail_dst) == read_items(src, LAYOUT, tail_src)
     # per-buffer stream order: src pages 0, 1 (piece 1) then 5 (piece 2) land on dst pages 9, 8, 7
     for b in LAYOUT.ids_of("kv"):
         assert np.array_equal(dst[b].reshape(64, -1)[[9, 8, 7]], src[b].reshape(64, -1)[[0, 1, 5]])
@@ -34,18 +33,18 @@ def test_fake_moves_pages_and_tail_in_stream_order():
 
 def test_fake_faults_timeouts_and_mismatches():
     net, tx, rx, _, _ = pair(timeout_s=0.05)
-    rx.expect(1, page_regions(LAYOUT, [1]))
+    rx.expect(1, batch(LAYOUT, [1]))
     net.fail(1, "link down")
-    tx.send(1, rx.address, page_regions(LAYOUT, [1]), last=True)
+    tx.send(1, rx.address, batch(LAYOUT, [1]), last=True)
     assert (tx.poll(1).reason, rx.poll(1).reason) == ("link down", "link down")
-    rx.expect(2, page_regions(LAYOUT, [1, 2]))
-    tx.send(2, rx.address, page_regions(LAYOUT, [1]), last=True)
+    rx.expect(2, batch(LAYOUT, [1, 2]))
+    tx.send(2, rx.address, batch(LAYOUT, [1]), last=True)
     assert rx.poll(2).reason.startswith("buffer 0 stream length mismatch: sender sends 4096 B")
-    rx.expect(3, page_regions(LAYOUT, [1]))
+    rx.expect(3, batch(LAYOUT, [1]))
     net.hold(3)
-    tx.send(3, rx.address, page_regions(LAYOUT, [1]), last=True)
+    tx.send(3, rx.address, batch(LAYOUT, [1]), last=True)
     rx.abort(3, "decode preempted")
     assert rx.poll(3).state is S.ABORTED
     assert tx.wait(3, 1.0).state is S.TIMED_OUT
-    tx.send(4, rx.address, page_regions(LAYOUT, [1]), last=True)
+    tx.send(4, rx.address, batch(LAYOUT, [1]), last=True)
     assert tx.poll(4).reason == "receiver does not expect transfer 4"

@@ -8,10 +8,9 @@ import pytest
 
 from prfaas_sgl.transfer import faults as F
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
-from prfaas_sgl.transfer.layout import page_regions, tail_regions
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
-from tests.support.transport import Remote, fill_random, read_regions, small_layout
+from tests.support.transport import Remote, batch, fill_random, read_items, small_layout
 
 LAYOUT = small_layout()
 CFG = TransferConfig(connections=2, chunk_bytes=8192, window_bytes=32768, timeout_s=10)
@@ -32,8 +31,8 @@ def src():
 
 def run_transfer(rx, tx, src_pages=PAGES, dst_pages=PAGES, rx_wait=10.0):
     tid = next(IDS)
-    rx.call("expect", tid, page_regions(LAYOUT, dst_pages))
-    tx.send(tid, rx.address, page_regions(tx.layout, src_pages), last=True)
+    rx.call("expect", tid, batch(LAYOUT, dst_pages))
+    tx.send(tid, rx.address, batch(tx.layout, src_pages), last=True)
     return tid, tx.wait(tid, 10), rx.call("wait", tid, rx_wait)
 
 
@@ -43,7 +42,7 @@ def assert_healthy(rx, src):
     try:
         _, s, r = run_transfer(rx, tx)
         assert (s.state, r.state) == (S.DONE, S.DONE)
-        assert rx.call("read", page_regions(LAYOUT, PAGES)) == read_regions(src, page_regions(LAYOUT, PAGES))
+        assert rx.call("read", batch(LAYOUT, PAGES)) == read_items(src, LAYOUT, batch(LAYOUT, PAGES))
     finally:
         tx.close()
 
@@ -107,10 +106,10 @@ def test_too_many_pages_are_refused_before_writing(rx, src):
 def test_unexpected_transfer_and_bad_peer_info(rx, src):
     tx = ZmqSender(LAYOUT, src, CFG)
     try:
-        tx.send(999_999, rx.address, page_regions(LAYOUT, PAGES), last=True)
+        tx.send(999_999, rx.address, batch(LAYOUT, PAGES), last=True)
         s = tx.wait(999_999, 10)
         assert (s.state, s.reason) == (S.FAILED, "receiver: receiver does not expect transfer 999999")
-        tx.send(5, PeerInfo("decode-0", 1234), page_regions(LAYOUT, PAGES), last=True)
+        tx.send(5, PeerInfo("decode-0", 1234), batch(LAYOUT, PAGES), last=True)
         s = tx.wait(5, 5)
         assert (s.state, s.reason) == (S.FAILED, "bad peer host 'decode-0' (need a numeric IP address)")
     finally:
@@ -126,7 +125,7 @@ def free_port() -> int:
 def test_unreachable_peer_times_out_with_hint(src):
     tx = ZmqSender(LAYOUT, src, CFG.replace(timeout_s=0.4))
     try:
-        tx.send(1, PeerInfo("127.0.0.1", free_port()), page_regions(LAYOUT, PAGES), last=True)
+        tx.send(1, PeerInfo("127.0.0.1", free_port()), batch(LAYOUT, PAGES), last=True)
         s = tx.wait(1, 5)
     finally:
         tx.close()
@@ -136,7 +135,7 @@ def test_unreachable_peer_times_out_with_hint(src):
 
 def test_receiver_deadline(rx):
     tid = next(IDS)
-    rx.call("expect", tid, page_regions(LAYOUT, PAGES), 0.3)
+    rx.call("expect", tid, batch(LAYOUT, PAGES), 0.3)
     r = rx.call("wait", tid, 5)
     assert (r.state, r.reason) == (S.TIMED_OUT, "timed out after 0.3 s in state waiting: 0 of 131072 bytes verified")
 
@@ -152,8 +151,8 @@ def test_aborts_from_either_side_reach_the_other(src):
     try:
         pages = list(range(32))  # 4 buffers × 32 pages × 4 KiB / 8 KiB chunks = 64 chunks ≈ 1.3 s
         for tid, who in ((1, "receiver"), (2, "sender")):
-            remote.call("expect", tid, page_regions(LAYOUT, pages))
-            tx.send(tid, remote.address, page_regions(LAYOUT, pages), last=True)
+            remote.call("expect", tid, batch(LAYOUT, pages))
+            tx.send(tid, remote.address, batch(LAYOUT, pages), last=True)
             time.sleep(0.2)
             if who == "receiver":
                 remote.call("abort", tid, "decode preempted")
@@ -173,8 +172,8 @@ def test_backpressure_bounds_bytes_in_flight(src):
     tx = ZmqSender(LAYOUT, src, cfg)
     try:
         pages = list(range(24))  # 48 chunks of 8 KiB through a 24 KiB window
-        remote.call("expect", 1, page_regions(LAYOUT, pages))
-        tx.send(1, remote.address, page_regions(LAYOUT, pages), last=True)
+        remote.call("expect", 1, batch(LAYOUT, pages))
+        tx.send(1, remote.address, batch(LAYOUT, pages), last=True)
         assert tx.wait(1, 10).state is S.DONE
         link = tx.stats.snapshot()["links"][remote.address.key()]
         assert link["max_bytes_in_flight"] == 3 * cfg.chunk_bytes
@@ -192,9 +191,9 @@ def test_receiver_restart_then_new_transfers_work(src):
         _, s, _ = run_transfer(first, tx)
         assert s.state is S.DONE
         tid = next(IDS)
-        first.call("expect", tid, page_regions(LAYOUT, PAGES))
+        first.call("expect", tid, batch(LAYOUT, PAGES))
         first.kill()  # crash: no goodbye
-        tx.send(tid, first.address, page_regions(LAYOUT, PAGES), last=True)
+        tx.send(tid, first.address, batch(LAYOUT, PAGES), last=True)
         assert tx.wait(tid, 5).state in (S.TIMED_OUT, S.FAILED)
         second = Remote("receiver", LAYOUT, CFG, port=port)
         try:

@@ -9,20 +9,19 @@ import time
 import numpy as np
 
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
-from prfaas_sgl.transfer.layout import page_regions
 from prfaas_sgl.transfer.receiver import ZmqReceiver
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
 from tests.fast.throttle_proxy import ThrottledProxy
-from tests.support.transport import fill_random, read_regions, small_layout
+from tests.support.transport import batch, fill_random, read_items, small_layout
 
 LAYOUT = small_layout()  # 4 KV buffers of 64 pages × 4 KiB: one chunk per page and buffer
 RATE = 64 * 1024  # bytes/s through the proxy: a chunk every 62 ms, a full window every 2 s
 # The window (128 KiB) drains in 2 s through the proxy, twice the 1 s timeout; acks come every 62 ms.
 CFG = TransferConfig(connections=2, chunk_bytes=4096, window_bytes=128 * 1024, timeout_s=1.0)
 SRC = fill_random(LAYOUT, seed=25)
-BIG = page_regions(LAYOUT, list(range(16)))  # 256 KiB: 4 s at RATE
-SMALL = page_regions(LAYOUT, [30])  # 16 KiB, an eighth of the window
+BIG = batch(LAYOUT, list(range(16)))  # 256 KiB: 4 s at RATE
+SMALL = batch(LAYOUT, [30])  # 16 KiB, an eighth of the window
 
 
 @contextlib.contextmanager
@@ -54,8 +53,8 @@ def test_a_small_transfer_queued_behind_a_large_one_on_a_slow_link_completes():
         assert big.state is S.DONE, big.reason
         assert small.state is S.DONE, small.reason
         assert rx.wait(2, 5).state is S.DONE
-        assert read_regions(dst, SMALL) == read_regions(SRC, SMALL)
-        assert read_regions(dst, BIG) == read_regions(SRC, BIG)
+        assert read_items(dst, LAYOUT, SMALL) == read_items(SRC, LAYOUT, SMALL)
+        assert read_items(dst, LAYOUT, BIG) == read_items(SRC, LAYOUT, BIG)
 
 
 def test_a_dead_link_still_times_out_within_timeout_s():

@@ -6,10 +6,10 @@ hand-driven opener against a ZmqReceiver in this process."""
 import numpy as np
 import pytest
 
-from prfaas_sgl.transfer.chunking import Coverage
+from prfaas_sgl.transfer.coverage import Coverage
 from prfaas_sgl.transfer.items import ItemBatch, Items
-from prfaas_sgl.transfer.layout import item_regions, kv_layout
-from prfaas_sgl.transfer.messages import Ack, Codec, Failed, Open, OpenAck
+from prfaas_sgl.transfer.layout import kv_layout
+from prfaas_sgl.transfer.messages import Ack, Codec, Done, Failed, Open, OpenAck
 from prfaas_sgl.transfer.receiver import ZmqReceiver
 from prfaas_sgl.transfer.recv_checks import max_ranges
 from prfaas_sgl.transfer.states import TransferState as S
@@ -72,13 +72,37 @@ def test_short_chunks_that_end_an_item_and_whole_items_land(local_rx):
         peer.stop()
 
 
+def test_chunks_cut_anywhere_in_the_item_stream_land_in_their_items(local_rx):
+    """The wire does not say where a sender cut its stream: chunks that split items (a head piece, whole
+    items, a tail piece: items.spans) land byte k of the stream on byte k of the destination items.
+
+        stream of buffer 0:  |p9     |p8     |p7     |p6     |p5     |     (4 KiB items)
+        chunks:              [0, 6K)   [6K, 14K)       [14K, 20K)
+    """
+    rx = local_rx(LAYOUT)
+    tid, pages = next(IDS), [9, 8, 7, 6, 5]
+    stream = payload(7, len(pages) * PAGE)
+    peer = opened(rx, tid, ItemBatch((Items((0,), np.array(pages)),)))
+    try:
+        cuts = [0, 6144, 14336, len(stream)]
+        for seq, (a, z) in enumerate(zip(cuts, cuts[1:])):
+            peer.chunk(tid, seq, a, stream[a:z])
+        peer.close_transfer(tid, 3, len(stream))
+        assert [type(m) for m in peer.replies(4)] == [Ack, Ack, Ack, Done]
+    finally:
+        peer.stop()
+    got = rx._buffers[0].reshape(-1, PAGE)[pages]
+    assert got.tobytes() == stream
+
+
 def test_scattered_ranges_beyond_the_cap_fail_the_transfer(local_rx):
-    """On a byte-region destination, 4096 one-byte chunks two pages apart leave 4096 separate ranges;
-    the next one is refused. Before, every one was written, each insert costing O(ranges so far)."""
+    """4096 one-byte chunks two pages apart (each the last byte of a 64 B item, so not too short) leave
+    4096 separate ranges; the next one is refused. Before, every one was written, each insert costing
+    O(ranges so far)."""
     rx = local_rx(TINY)
     tid, cap = next(IDS), max_ranges(CFG)
     assert cap == 4096
-    peer = opened(rx, tid, item_regions(TINY, [0], range(2 * cap + 2)), layout=TINY)
+    peer = opened(rx, tid, ItemBatch((Items((0,), np.arange(2 * cap + 2)),)), layout=TINY)
     try:
         for seq in range(cap + 1):
             peer.chunk(tid, seq, (2 * seq + 1) * 64 - 1, b"\x01")

@@ -14,13 +14,13 @@ from zmq.utils.monitor import recv_monitor_message
 
 from prfaas_sgl.transfer import faults as F
 from prfaas_sgl.transfer import receiver as R
-from prfaas_sgl.transfer.layout import page_regions
+from prfaas_sgl.transfer.landing import Lander
 from prfaas_sgl.transfer.messages import Abort, Ack, Chunk, Failed, Open, OpenAck
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
 from tests.support import fake_transport as fake
 from tests.support.fake_transport import FakeTransport
-from tests.support.transport import read_regions
+from tests.support.transport import batch, read_items, stream_bytes
 
 from .receiver_peers import CFG, CODEC, IDS, LAYOUT, PAGE, SRC_SEED, RawPeer, assert_serving, buffer0, payload
 
@@ -29,7 +29,7 @@ __all__ = ["CFG", "LAYOUT", "SRC_SEED"]  # read by the rx and src fixtures (conf
 
 # -- release() is a write barrier ------------------------------------------------------------------------
 def test_release_guarantees_no_write_after_it_returns():
-    """SGLang frees a room's pages right after forget() → release(); a chunk scattered after that
+    """SGLang frees a room's pages right after forget() → release(); a chunk landed after that
     would corrupt whichever request gets the pages next. One connection sends 64 chunks; release() comes
     with 63 of them queued behind a slow receiver (20 ms each). A marker sent after them on the same
     connection is answered only once all of them were handled (in order), so no fixed sleep is needed."""
@@ -37,9 +37,9 @@ def test_release_guarantees_no_write_after_it_returns():
     rx = R.ZmqReceiver(LAYOUT, bufs, CFG, faults=(F.SlowReceiver(0.02),))
     peer = RawPeer(rx)
     tid, marker, pages = next(IDS), next(IDS), range(16)
-    regions = page_regions(LAYOUT, list(pages))  # 4 buffers × 16 pages, one chunk each
+    items = batch(LAYOUT, list(pages))  # 4 buffers × 16 pages, one chunk each
     try:
-        rx.expect(tid, regions)
+        rx.expect(tid, items)
         peer.open(tid)
         assert isinstance(peer.replies(1)[0], OpenAck)
         chunks = [(b, p) for b in range(4) for p in pages]
@@ -48,8 +48,8 @@ def test_release_guarantees_no_write_after_it_returns():
         for seq, (b, p) in enumerate(chunks[1:], start=1):
             peer.chunk(tid, seq, p * PAGE, payload(seq), buffer_id=b)
         rx.release(tid)
-        for r in regions:  # the pages now belong to another request
-            bufs[r.buffer_id][r.offset: r.offset + r.length] = 0xAB
+        for b in range(4):  # the pages now belong to another request
+            bufs[b].reshape(-1, PAGE)[list(pages)] = 0xAB
         peer.open(marker)  # refused (never expected): its answer comes after every queued chunk's
         replies = []
         while not replies or replies[-1].transfer_id != marker:
@@ -58,7 +58,7 @@ def test_release_guarantees_no_write_after_it_returns():
         refused = sum(isinstance(m, Failed) and m.transfer_id == tid for m in replies)
         assert written + refused == 63 and refused > 0, replies  # late chunks did come and were refused
         assert {type(m) for m in replies} <= {Ack, Failed, Abort}
-        assert all((bufs[r.buffer_id][r.offset: r.offset + r.length] == 0xAB).all() for r in regions)
+        assert all((bufs[b].reshape(-1, PAGE)[list(pages)] == 0xAB).all() for b in range(4))
         counts = rx.refusal_counts()
         assert counts.get("released", 0) + counts["unknown_transfer"] == refused + 1  # + the marker
     finally:
@@ -79,26 +79,26 @@ def test_release_from_the_loop_thread_does_not_deadlock():
 def test_an_error_in_one_chunk_fails_only_its_transfer(monkeypatch, src):
     """On the receiver, an unexpected exception while handling a message ends that transfer FAILED
     with the error named; the loop thread goes on serving the next transfer."""
-    real, calls = R.scatter, []
+    real, calls = Lander.write, []
 
-    def scatter_once_broken(*args):
+    def write_once_broken(*args):
         calls.append(1)
         if len(calls) == 1:
             raise MemoryError("simulated")
         real(*args)
 
-    monkeypatch.setattr(R, "scatter", scatter_once_broken)
+    monkeypatch.setattr(Lander, "write", write_once_broken)
     bufs = [np.zeros(b.nbytes, np.uint8) for b in LAYOUT.buffers]
     rx = R.ZmqReceiver(LAYOUT, bufs, CFG)
     tx = ZmqSender(LAYOUT, src, CFG)
     try:
         for tid, want in ((1, S.FAILED), (2, S.DONE)):
-            regions = page_regions(LAYOUT, [tid])
-            rx.expect(tid, regions)
-            tx.send(tid, rx.address, regions, last=True)
+            items = batch(LAYOUT, [tid])
+            rx.expect(tid, items)
+            tx.send(tid, rx.address, items, last=True)
             assert rx.wait(tid, 10).state is want and tx.wait(tid, 10).state is want
         assert rx.poll(1).reason == "receiver error handling Chunk: MemoryError('simulated')"
-        assert read_regions(bufs, page_regions(LAYOUT, [2])) == read_regions(src, page_regions(LAYOUT, [2]))
+        assert read_items(bufs, LAYOUT, batch(LAYOUT, [2])) == read_items(src, LAYOUT, batch(LAYOUT, [2]))
         assert rx._thread.is_alive()
     finally:
         tx.close()
@@ -107,7 +107,7 @@ def test_an_error_in_one_chunk_fails_only_its_transfer(monkeypatch, src):
 
 # -- the receiver's deadline: no progress, plus the sender's size-derived cap -----------------------------
 SLOW = CFG.replace(chunk_bytes=PAGE, window_bytes=16 * PAGE)  # one chunk per page and buffer
-TEN = page_regions(LAYOUT, list(range(10)))  # 160 KiB
+TEN = batch(LAYOUT, list(range(10)))  # 160 KiB
 
 
 def paced_transfer(src, tid, rx_cfg, tx_cfg, expect_timeout_s, pace_s=0.2):
@@ -120,11 +120,11 @@ def paced_transfer(src, tid, rx_cfg, tx_cfg, expect_timeout_s, pace_s=0.2):
         t0 = time.monotonic()
         rx.expect(tid, TEN, timeout_s=expect_timeout_s)
         for p in range(10):
-            tx.send(tid, rx.address, page_regions(LAYOUT, [p]), last=p == 9)
+            tx.send(tid, rx.address, batch(LAYOUT, [p]), last=p == 9)
             time.sleep(pace_s)
         r = rx.wait(tid, 15)
         elapsed = time.monotonic() - t0
-        return r, tx.wait(tid, 10), elapsed, read_regions(bufs, TEN) == read_regions(src, TEN)
+        return r, tx.wait(tid, 10), elapsed, read_items(bufs, LAYOUT, TEN) == read_items(src, LAYOUT, TEN)
     finally:
         tx.close()
         rx.close()
@@ -166,7 +166,7 @@ def test_the_fake_transport_keeps_the_same_no_progress_deadlines(monkeypatch, sr
         rx.expect(tid, TEN)
         for p in range(10):
             assert not rx.poll(tid).state.terminal and not tx.poll(tid).state.terminal, rx.poll(tid).reason
-            tx.send(tid, rx.address, page_regions(LAYOUT, [p]), last=p == 9)
+            tx.send(tid, rx.address, batch(LAYOUT, [p]), last=p == 9)
             now[0] += pause
             if want is S.TIMED_OUT:
                 break
@@ -209,8 +209,8 @@ def test_a_4gib_frame_header_drops_the_connection_before_any_data(rx, src):
 
 
 def test_an_oversized_chunk_frame_writes_nothing_and_the_transfer_survives(rx, src):
-    tid, regions = next(IDS), page_regions(LAYOUT, [20, 21])
-    rx.call("expect", tid, regions)
+    tid, items = next(IDS), batch(LAYOUT, [20, 21])
+    rx.call("expect", tid, items)
     peer = RawPeer(rx)
     mon = peer.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     try:
@@ -223,14 +223,14 @@ def test_an_oversized_chunk_frame_writes_nothing_and_the_transfer_survives(rx, s
         mon.close(0)
         peer.stop()
     assert rx.call("poll", tid).state is S.WAITING
-    assert rx.call("read", regions) == bytes(sum(r.length for r in regions))
+    assert rx.call("read", items) == bytes(stream_bytes(LAYOUT, items))
     tx = ZmqSender(LAYOUT, src, CFG)  # the transfer the attacker aimed at still completes exactly
     try:
-        tx.send(tid, rx.address, regions, last=True)
+        tx.send(tid, rx.address, items, last=True)
         assert tx.wait(tid, 10).state is S.DONE
     finally:
         tx.close()
-    assert rx.call("read", regions) == read_regions(src, regions)
+    assert rx.call("read", items) == read_items(src, LAYOUT, items)
 
 
 def test_frame_limit_fits_chunks_and_the_open_header():
@@ -243,13 +243,13 @@ def test_an_open_announcing_bigger_chunks_fails_fast_with_a_named_reason(rx, src
     """Prefill and decode disagree on chunk_bytes. Before: OpenAck, then the first 80 KiB chunk frame
     exceeded the receiver's MAXMSGSIZE, libzmq dropped the connection without a word and the transfer
     only timed out. Now the Open carries the sender's chunk_bytes and is refused at once."""
-    tid, regions = next(IDS), page_regions(LAYOUT, list(range(44, 64)))  # 80 KiB per buffer stream
-    rx.call("expect", tid, regions)
+    tid, items = next(IDS), batch(LAYOUT, list(range(44, 64)))  # 80 KiB per buffer stream
+    rx.call("expect", tid, items)
     big = CFG.replace(chunk_bytes=128 << 10, window_bytes=1 << 20)
     assert 80 << 10 > R.max_frame_bytes(LAYOUT, CFG)  # the chunk's one data frame would be dropped
     tx = ZmqSender(LAYOUT, src, big)
     try:
-        tx.send(tid, rx.address, regions, last=True)
+        tx.send(tid, rx.address, items, last=True)
         s = tx.wait(tid, 5)
     finally:
         tx.close()
@@ -260,6 +260,6 @@ def test_an_open_announcing_bigger_chunks_fails_fast_with_a_named_reason(rx, src
     assert (s.state, s.reason) == (S.FAILED, f"receiver: {reason}")
     r = rx.call("poll", tid)
     assert (r.state, r.reason) == (S.FAILED, reason)
-    assert rx.call("read", regions) == bytes(sum(r.length for r in regions))
+    assert rx.call("read", items) == bytes(stream_bytes(LAYOUT, items))
     assert_serving(rx, src)
 

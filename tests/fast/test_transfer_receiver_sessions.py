@@ -8,12 +8,11 @@ import time
 
 from hypothesis import given, settings, strategies as st
 
-from prfaas_sgl.transfer.chunking import Coverage
-from prfaas_sgl.transfer.layout import page_regions
+from prfaas_sgl.transfer.coverage import Coverage
 from prfaas_sgl.transfer.messages import Failed
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
-from tests.support.transport import Remote, fill_random, read_regions
+from tests.support.transport import Remote, batch, fill_random, read_items, stream_bytes
 
 from .receiver_peers import CFG, IDS, LAYOUT, PAGE, SRC_SEED, RawPeer, assert_serving, buffer0, payload
 
@@ -25,20 +24,20 @@ def test_chunk_from_another_host_is_refused_and_the_real_transfer_completes(rx, 
     """A real sender (its session: host + its link's token) opens; a second DEALER on another address
     injects a well-formed chunk into pages the sender has not sent yet."""
     tid = next(IDS)
-    first, rest = page_regions(LAYOUT, [30]), page_regions(LAYOUT, [31])
-    rx.call("expect", tid, first + rest)
+    first, rest, both = batch(LAYOUT, [30]), batch(LAYOUT, [31]), batch(LAYOUT, [30, 31])
+    rx.call("expect", tid, both)
     tx = ZmqSender(LAYOUT, src, CFG)
     intruder = RawPeer(rx, source_ip="127.0.0.2")
     try:
         tx.send(tid, rx.address, first)
         end = time.monotonic() + 10
-        while rx.call("read", first) != read_regions(src, first):
+        while rx.call("read", first) != read_items(src, LAYOUT, first):
             assert time.monotonic() < end, "the first piece never landed"
             time.sleep(0.005)
         intruder.chunk(tid, seq=100, offset=PAGE, payload=payload(1))  # buffer 0's stream: page 31
         (failed,) = intruder.replies(1)
         assert failed.reason == f"chunk 100 for transfer {tid} arrived from a connection that did not open it"
-        assert rx.call("read", rest) == bytes(sum(r.length for r in rest))
+        assert rx.call("read", rest) == bytes(stream_bytes(LAYOUT, rest))
         assert rx.call("poll", tid).state is S.TRANSFERRING
         tx.send(tid, rx.address, rest, last=True)
         assert tx.wait(tid, 10).state is S.DONE
@@ -46,15 +45,15 @@ def test_chunk_from_another_host_is_refused_and_the_real_transfer_completes(rx, 
         intruder.stop()
         tx.close()
     assert rx.call("wait", tid, 10).state is S.DONE
-    assert rx.call("read", first + rest) == read_regions(src, first + rest)
+    assert rx.call("read", both) == read_items(src, LAYOUT, both)
     assert rx.call("refusal_counts")["not_opener"] >= 1
 
 
 def test_chunk_close_and_open_from_another_link_are_refused(rx, src):
     """A sender that names its connections `token + index` binds its transfers to the token: a second
     connection on the same host without it can neither write, close, nor re-open."""
-    tid, regions = next(IDS), buffer0([0, 1])
-    rx.call("expect", tid, regions)
+    tid, items = next(IDS), buffer0([0, 1])
+    rx.call("expect", tid, items)
     owner, intruder = RawPeer(rx, routing_id=b"L" + os.urandom(8) + b"\x00"), RawPeer(rx)
     try:
         owner.open(tid)
@@ -68,7 +67,7 @@ def test_chunk_close_and_open_from_another_link_are_refused(rx, src):
                            f"Close for transfer {tid} arrived from a connection that did not open it",
                            f"transfer {tid} is already open from another connection"]
         assert rx.call("refusal_counts")["not_opener"] == before + 3
-        assert rx.call("read", regions) == bytes(2 * PAGE)
+        assert rx.call("read", items) == bytes(2 * PAGE)
         good = [payload(3), payload(4)]
         for seq, data in enumerate(good):
             owner.chunk(tid, seq, seq * PAGE, data)
@@ -77,7 +76,7 @@ def test_chunk_close_and_open_from_another_link_are_refused(rx, src):
     finally:
         owner.stop()
         intruder.stop()
-    assert rx.call("read", regions) == b"".join(good)
+    assert rx.call("read", items) == b"".join(good)
     assert_serving(rx, src)
 
 
@@ -87,15 +86,16 @@ def test_a_same_host_intruder_cannot_feed_a_real_senders_transfer(rx):
     libzmq's own routing id, one with a token of its own. Before the sender named its connections
     `token + index`, its session was just "this host" and the bare intruder's chunk was written."""
     tid, seed = next(IDS), 21
-    first, rest = page_regions(LAYOUT, [32]), page_regions(LAYOUT, [33])
-    want = read_regions(fill_random(LAYOUT, seed), first + rest)  # what the sender process holds
-    rx.call("expect", tid, first + rest)
+    first, rest, both = batch(LAYOUT, [32]), batch(LAYOUT, [33]), batch(LAYOUT, [32, 33])
+    held = fill_random(LAYOUT, seed)  # what the sender process holds
+    want_first, want = read_items(held, LAYOUT, first), read_items(held, LAYOUT, both)
+    rx.call("expect", tid, both)
     bare, forged = RawPeer(rx), RawPeer(rx, routing_id=b"\x01" * 16 + b"\x00")
     try:
         with Remote("sender", LAYOUT, CFG, seed=seed) as tx:
             tx.call("send", tid, rx.address, first, False)
             end = time.monotonic() + 10
-            while rx.call("read", first) != want[:len(want) // 2]:
+            while rx.call("read", first) != want_first:
                 assert time.monotonic() < end, "the first piece never landed"
                 time.sleep(0.005)
             for seq, intruder in ((100, bare), (101, forged)):
@@ -104,7 +104,7 @@ def test_a_same_host_intruder_cannot_feed_a_real_senders_transfer(rx):
                 assert isinstance(reply, Failed), reply
                 assert reply.reason == (f"chunk {seq} for transfer {tid} arrived from a connection that did "
                                         "not open it")
-            assert rx.call("read", rest) == bytes(sum(r.length for r in rest))
+            assert rx.call("read", rest) == bytes(stream_bytes(LAYOUT, rest))
             assert rx.call("poll", tid).state is S.TRANSFERRING
             tx.call("send", tid, rx.address, rest, True)
             assert tx.call("wait", tid, 10).state is S.DONE
@@ -112,15 +112,15 @@ def test_a_same_host_intruder_cannot_feed_a_real_senders_transfer(rx):
         bare.stop()
         forged.stop()
     assert rx.call("wait", tid, 10).state is S.DONE
-    assert rx.call("read", first + rest) == want
+    assert rx.call("read", both) == want
 
 
 def test_a_connection_redialled_under_the_same_routing_id_takes_over(rx):
     """Fixed routing ids (token + index) meet a half-open connection: the sender's side dropped and
     redialled while the receiver still holds the old pipe. libzmq's default refuses the duplicate
     identity until the old pipe dies (minutes, with no traffic); ROUTER_HANDOVER gives it the new one."""
-    tid, regions = next(IDS), buffer0([2])
-    rx.call("expect", tid, regions)
+    tid, items = next(IDS), buffer0([2])
+    rx.call("expect", tid, items)
     ident = b"\x07" * 16 + b"\x00"
     old, new = RawPeer(rx, routing_id=ident), None
     try:
@@ -134,15 +134,15 @@ def test_a_connection_redialled_under_the_same_routing_id_takes_over(rx):
         old.stop()
         if new is not None:
             new.stop()
-    assert rx.call("read", regions) == payload(8)
+    assert rx.call("read", items) == payload(8)
 
 
 # -- completion by coverage ---------------------------------------------------------------------------
 def test_overlapping_chunks_with_distinct_seqs_fail_instead_of_done(rx, src):
     """Three 4 KiB chunks for a 12 KiB stream, the second a rewrite of the first: their byte count adds
     up (before: DONE with [8192, 12288) stale), their coverage does not."""
-    tid, regions = next(IDS), buffer0([10, 11, 12])
-    rx.call("expect", tid, regions)
+    tid, items = next(IDS), buffer0([10, 11, 12])
+    rx.call("expect", tid, items)
     peer = RawPeer(rx)
     try:
         peer.open(tid)
@@ -156,16 +156,16 @@ def test_overlapping_chunks_with_distinct_seqs_fail_instead_of_done(rx, src):
         peer.stop()
     assert (r.state, r.reason) == (S.FAILED,
                                    "chunk 1 bytes [0, 4096) of buffer 0 overlap bytes already received")
-    written = rx.call("read", regions)
+    written = rx.call("read", items)
     assert written == payload(5) + bytes(2 * PAGE)  # chunk 1 wrote nothing; chunk 2 came after FAILED
     assert_serving(rx, src)
 
 
 def test_a_gap_at_close_fails_naming_the_unwritten_bytes(rx):
     """Close says 2 chunks, both came and verified, yet page 2 of 3 was never written."""
-    regions = buffer0([13, 14, 15])
+    items = buffer0([13, 14, 15])
     tid = next(IDS)
-    rx.call("expect", tid, regions)
+    rx.call("expect", tid, items)
     peer = RawPeer(rx)
     try:
         peer.open(tid)

@@ -10,16 +10,15 @@ import pytest
 import zmq
 
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
-from prfaas_sgl.transfer.layout import page_regions
 from prfaas_sgl.transfer.messages import Ack, Chunk, Close, Codec, Done, Failed, Open, OpenAck
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
-from tests.support.transport import fill_random, small_layout
+from tests.support.transport import batch, fill_random, small_layout
 
 LAYOUT = small_layout()  # 4 KV buffers of 64 pages × 4 KiB: one chunk per page and buffer
 CFG = TransferConfig(connections=1, chunk_bytes=4096, window_bytes=8 * 4096, timeout_s=5.0)
 SRC = fill_random(LAYOUT, seed=13)
-PAGE = page_regions(LAYOUT, [1])  # 4 chunks
+PAGE = batch(LAYOUT, [1])  # 4 chunks
 CODEC = Codec()
 
 
@@ -95,9 +94,9 @@ def tx():
     sender.close()
 
 
-def opened(tx, stub, tid, regions=PAGE):
+def opened(tx, stub, tid, items=PAGE):
     """Send `tid` to `stub`, answer its Open, return its first chunk."""
-    tx.send(tid, stub.peer, regions, last=True)
+    tx.send(tid, stub.peer, items, last=True)
     stub.until(Open)
     stub.send(OpenAck(transfer_id=tid))
     return stub.until(Chunk)
@@ -172,8 +171,8 @@ def test_bytes_overtaken_by_a_window_of_later_ones_time_out_while_the_link_moves
     try:
         stub.run(ignore={7}, ack_delay_s=0.05, answer_open=answer_open)
         tx.send(6, stub.peer, PAGE, last=True)
-        tx.send(7, stub.peer, page_regions(LAYOUT, [2]), last=True)
-        tx.send(8, stub.peer, page_regions(LAYOUT, list(range(10, 20))), last=True)  # 40 chunks, ~2 s
+        tx.send(7, stub.peer, batch(LAYOUT, [2]), last=True)
+        tx.send(8, stub.peer, batch(LAYOUT, list(range(10, 20))), last=True)  # 40 chunks, ~2 s
         s7 = tx.wait(7, 10)
         s8_then = tx.poll(8).state
         assert s7.state is S.TIMED_OUT, s7.reason

@@ -13,20 +13,19 @@ import zmq
 
 from prfaas_sgl.transfer import faults as F
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
-from prfaas_sgl.transfer.layout import page_regions
 from prfaas_sgl.transfer.loop import LoopDead
 from prfaas_sgl.transfer.messages import Codec, Open, OpenAck
 from prfaas_sgl.transfer.receiver import ZmqReceiver
 from prfaas_sgl.transfer.security import generate_keys
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
-from tests.support.transport import fill_random, read_regions, small_layout
+from tests.support.transport import batch, fill_random, read_items, small_layout
 
 LAYOUT = small_layout()  # 4 KV buffers of 64 pages × 4 KiB
 # one chunk per page and buffer: 10 pages = 40 chunks
 CFG = TransferConfig(connections=2, chunk_bytes=4096, window_bytes=16384, timeout_s=10)
 SRC = fill_random(LAYOUT, seed=12)
-TEN = page_regions(LAYOUT, list(range(10)))
+TEN = batch(LAYOUT, list(range(10)))
 
 
 @contextlib.contextmanager
@@ -50,9 +49,9 @@ def sender(cfg=CFG, max_sockets=None):
         tx.close()
 
 
-def transfer(tx, rx, tid, regions=TEN, wait=10.0):
-    rx.expect(tid, regions, 30)
-    tx.send(tid, rx.address, regions, last=True)
+def transfer(tx, rx, tid, items=TEN, wait=10.0):
+    rx.expect(tid, items, 30)
+    tx.send(tid, rx.address, items, last=True)
     return tx.wait(tid, wait)
 
 
@@ -78,12 +77,12 @@ def test_acks_keep_a_long_transfer_alive():
         s = transfer(tx, rx, 1, wait=20)
         assert s.state is S.DONE, s.reason
         assert rx.wait(1, 5).state is S.DONE
-        assert read_regions(dst, TEN) == read_regions(SRC, TEN)
+        assert read_items(dst, LAYOUT, TEN) == read_items(SRC, LAYOUT, TEN)
 
 
 def test_a_transfer_queued_behind_another_stays_alive():
     """Transfer 3 waits ~4 s behind transfer 2 on the same link (oldest first) with a 2 s timeout."""
-    small = page_regions(LAYOUT, [20, 21])
+    small = batch(LAYOUT, [20, 21])
     with receiver(faults=(F.SlowReceiver(0.1),)) as (rx, _), sender(CFG.replace(timeout_s=2.0)) as tx:
         rx.expect(2, TEN, 30)
         rx.expect(3, small, 30)
@@ -166,14 +165,14 @@ def test_unused_links_close_after_link_idle_s():
 def test_an_error_in_one_transfer_fails_only_that_transfer():
     """A handler raising for transfer 50 fails it (the receiver hears Abort); 51 and the loop go on."""
     with receiver() as (rx, _), sender() as tx:
-        real = tx._frames.chunk_header
+        real = tx._frames.staged
 
-        def broken(tid, seq, plan, frames):
+        def broken(tid, seq, plan, data):
             if tid == 50:
                 raise RuntimeError("injected bug")
-            return real(tid, seq, plan, frames)
+            return real(tid, seq, plan, data)
 
-        tx._frames.chunk_header = broken
+        tx._frames.staged = broken
         s = transfer(tx, rx, 50)
         assert (s.state, s.reason) == (S.FAILED, "sender internal error in sending a chunk: RuntimeError: "
                                                   "injected bug")
@@ -253,5 +252,5 @@ def test_key_rotation_on_a_fixed_port(tmp_path):
             assert rx.address.port == port and rx.address.server_key != old_key
             s = transfer(tx, rx, 81, wait=15)
             assert s.state is S.DONE, s.reason
-            assert read_regions(dst, TEN) == read_regions(SRC, TEN)
+            assert read_items(dst, LAYOUT, TEN) == read_items(SRC, LAYOUT, TEN)
             assert tx.call_sync(lambda: [link.peer for link in tx._links]) == [rx.address]

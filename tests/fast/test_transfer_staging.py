@@ -9,7 +9,7 @@ import pytest
 from prfaas_sgl.transfer import faults as F
 from prfaas_sgl.transfer.config import TransferConfig
 from prfaas_sgl.transfer.items import HeadSlice, ItemBatch, Items, spans
-from prfaas_sgl.transfer.layout import BufferSpec, MemoryLayout, page_regions
+from prfaas_sgl.transfer.layout import BufferSpec, MemoryLayout
 from prfaas_sgl.transfer.receiver import ZmqReceiver
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
@@ -199,18 +199,6 @@ def test_a_dead_stager_fails_its_transfers_at_once_and_says_why(pair, monkeypatc
         assert time.monotonic() - t0 < CFG.timeout_s / 2
     assert tx.worker_fatal == "transfer-stage thread died: RuntimeError: ring bookkeeping broke"
     assert tx.fatal is None  # the socket loop itself is fine
-
-
-def test_region_sender_feeds_an_item_receiver(pair):
-    """The byte-region path and the item path carry the same streams: chunks that cut items anywhere
-    land right (spans: head piece, whole items, tail piece)."""
-    lay, src, dst, tx, rx = pair()
-    tid, sp, dp = next(IDS), [3, 4, 5, 60, 61], [9, 8, 7, 6, 5]
-    rx.expect(tid, batch(dp))
-    tx.send(tid, rx.address, page_regions(lay, sp), last=True)
-    assert rx.wait(tid, 10).state is S.DONE
-    for b in range(4):
-        assert np.array_equal(items_of(dst[b], PAGE, dp), items_of(src[b], PAGE, sp))
 
 
 @pytest.mark.parametrize("offset, length, s, want", [

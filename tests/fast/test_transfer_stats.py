@@ -15,18 +15,17 @@ import numpy as np
 import pytest
 
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
-from prfaas_sgl.transfer.layout import page_regions
 from prfaas_sgl.transfer.receiver import ZmqReceiver
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
 from prfaas_sgl.transfer.stats import StatsBook, StatsServer
 from prfaas_sgl.transfer.stats_http import HttpServer, Request
-from tests.support.transport import fill_random, small_layout
+from tests.support.transport import batch, fill_random, small_layout
 
 LAYOUT = small_layout()
 CFG = TransferConfig(connections=2, chunk_bytes=4096, window_bytes=65536, timeout_s=10)
 SRC = fill_random(LAYOUT, seed=4)
-PAGES = page_regions(LAYOUT, [1, 2])  # 32 KiB
+PAGES = batch(LAYOUT, [1, 2])  # 32 KiB
 TOKEN = "s3cret-stats-token-0123456789"
 
 

@@ -8,10 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from prfaas_sgl.transfer.config import TransferConfig
-from prfaas_sgl.transfer.layout import page_regions, tail_regions
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
-from tests.support.transport import Remote, fill_random, read_regions, small_layout
+from tests.support.transport import Remote, batch, fill_random, read_items, small_layout
 
 LAYOUT = small_layout()
 CFG = TransferConfig(connections=2, chunk_bytes=8192, window_bytes=65536, timeout_s=10)
@@ -32,17 +31,17 @@ def src():
 def test_chunked_pieces_then_tail_land_exactly(rx, src):
     tid = next(IDS)
     src_pages, dst_pages = [1, 2, 3, 10, 11, 40], [5, 6, 7, 8, 9, 20]
-    dst = page_regions(LAYOUT, dst_pages) + tail_regions(LAYOUT, 2, 1)
+    dst = batch(LAYOUT, dst_pages, slot=2, aux=1)
     rx.call("expect", tid, dst)
     tx = ZmqSender(LAYOUT, src, CFG, stats_port=0)
     try:
-        tx.send(tid, rx.address, page_regions(LAYOUT, src_pages[:4]))
-        tx.send(tid, rx.address, page_regions(LAYOUT, src_pages[4:]) + tail_regions(LAYOUT, 0, 3), last=True)
+        tx.send(tid, rx.address, batch(LAYOUT, src_pages[:4]))
+        tx.send(tid, rx.address, batch(LAYOUT, src_pages[4:], slot=0, aux=3), last=True)
         assert rx.call("wait", tid, 10).state is S.DONE
         status = tx.wait(tid, 5)
-        expected = sum(r.length for r in dst)
+        want = read_items(src, LAYOUT, batch(LAYOUT, src_pages, slot=0, aux=3))
+        expected = len(want)
         assert (status.state, status.nbytes) == (S.DONE, expected)
-        want = read_regions(src, page_regions(LAYOUT, src_pages) + tail_regions(LAYOUT, 0, 3))
         assert rx.call("read", dst) == want
         stats = json.load(urllib.request.urlopen(f"http://127.0.0.1:{tx.stats_server.port}/stats", timeout=5))
         link = stats["links"][rx.address.key()]
@@ -67,16 +66,16 @@ def test_random_page_sets_sizes_and_connections(rx, src, data, connections, chun
                                    unique=True))
     split = data.draw(st.integers(0, len(src_pages)))
     tid = next(IDS)
-    tail_src, tail_dst = (tail_regions(LAYOUT, 1, 0), tail_regions(LAYOUT, 3, 2)) if with_tail else ([], [])
-    rx.call("expect", tid, page_regions(LAYOUT, dst_pages) + tail_dst)
+    src_tail, dst_tail = ({"slot": 1, "aux": 0}, {"slot": 3, "aux": 2}) if with_tail else ({}, {})
+    rx.call("expect", tid, batch(LAYOUT, dst_pages, **dst_tail))
     cfg = CFG.replace(connections=connections, chunk_bytes=chunk, window_bytes=4 * chunk)
     tx = ZmqSender(LAYOUT, src, cfg)
     try:
-        tx.send(tid, rx.address, page_regions(LAYOUT, src_pages[:split]))
-        tx.send(tid, rx.address, page_regions(LAYOUT, src_pages[split:]) + tail_src, last=True)
+        tx.send(tid, rx.address, batch(LAYOUT, src_pages[:split]))
+        tx.send(tid, rx.address, batch(LAYOUT, src_pages[split:], **src_tail), last=True)
         assert rx.call("wait", tid, 10).state is S.DONE
         assert tx.wait(tid, 5).state is S.DONE
-        got = rx.call("read", page_regions(LAYOUT, dst_pages) + tail_dst)
-        assert got == read_regions(src, page_regions(LAYOUT, src_pages) + tail_src)
+        got = rx.call("read", batch(LAYOUT, dst_pages, **dst_tail))
+        assert got == read_items(src, LAYOUT, batch(LAYOUT, src_pages, **src_tail))
     finally:
         tx.close()

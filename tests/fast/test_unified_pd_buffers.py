@@ -15,7 +15,6 @@ from prfaas_sgl.srt.backend.memory import KVMemory
 from prfaas_sgl.srt.cachepool_backend.unified import unify
 from prfaas_sgl.transfer.buffers import Strided
 from prfaas_sgl.transfer.config import TransferConfig
-from prfaas_sgl.transfer.layout import page_regions
 from prfaas_sgl.transfer.receiver import ZmqReceiver
 from prfaas_sgl.transfer.sender import ZmqSender
 from prfaas_sgl.transfer.states import TransferState as S
@@ -113,16 +112,6 @@ def test_kv_rows_and_states_cross_between_pool_kinds(direction):
     changed = _raw(dst) != before
     want = _expected_bytes(dst, dst_pages, 5)
     assert torch.equal(changed & ~want, torch.zeros_like(changed))
-
-
-def test_region_sends_are_refused_for_strided_buffers():
-    slab = Side(unified=True)
-    tx = ZmqSender(slab.memory.layout, slab.memory.buffers, CFG)
-    try:
-        with pytest.raises(ValueError, match="strided"):
-            tx.send(next(IDS), ("127.0.0.1", 1), page_regions(slab.memory.layout, [1, 2]), last=True)
-    finally:
-        tx.close()
 
 
 def test_a_short_span_is_refused_at_registration():

@@ -1,9 +1,9 @@
 """In-process fake of the data plane, for tests of higher layers (scheduler glue, router, timeouts).
 
 Same interface and the same state machine and failure reasons as the ZeroMQ transport, but bytes are
-copied synchronously at `send(last=True)`. It is a `transfer.api.Transport`: the SGLang backend's managers
-take it (`transport=FakeTransport()`), and it accepts their `ItemBatch`es (without head slices). Faults are
-injected per transfer id:
+copied synchronously at `send(last=True)`, item by item. It is a `transfer.api.Transport`: the SGLang
+backend's managers take it (`transport=FakeTransport()`), and it moves their `ItemBatch`es (without head
+slices). Faults are injected per transfer id:
 
     net = FakeTransport(); rx = net.receiver(layout, dst); tx = net.sender(layout, src)
     net.fail(tid, "link down")      # the next send of tid fails with that reason on both sides
@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prfaas_sgl.transfer.buffers import register
-from prfaas_sgl.transfer.chunking import dest_streams, scatter
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
 from prfaas_sgl.transfer.items import ItemBatch, as_index, check_items
-from prfaas_sgl.transfer.layout import MemoryLayout, Region, item_regions, stream_lengths
+from prfaas_sgl.transfer.layout import MemoryLayout
 from prfaas_sgl.transfer.states import UNKNOWN_STATUS, StatusTable, TransferState as S, TransferStatus
 
 
@@ -31,7 +30,11 @@ from prfaas_sgl.transfer.states import UNKNOWN_STATUS, StatusTable, TransferStat
 class _Entry:
     deadline: float
     timeout_s: float = 0.0  # no-progress timeout behind `deadline`
-    regions: list[Region] = field(default_factory=list)
+    items: dict[int, list[int]] = field(default_factory=dict)  # per buffer: item ids, stream order
+
+    def extend(self, more: dict[int, list[int]]) -> None:
+        for b, ids in more.items():
+            self.items.setdefault(b, []).extend(ids)
 
 
 class _Side:
@@ -91,10 +94,10 @@ class FakeReceiver(_Side):
         self.views = register(layout, buffers, writable=True)
         self.address = PeerInfo("127.0.0.1", next(net.ports))
 
-    def expect(self, transfer_id: int, regions: Sequence[Region] | ItemBatch, timeout_s: float | None = None) -> None:
-        regions = as_regions(self.layout, regions)
+    def expect(self, transfer_id: int, batch: ItemBatch, timeout_s: float | None = None) -> None:
+        items = as_items(self.layout, batch)
         timeout = timeout_s or self._timeout
-        self._entries[transfer_id] = _Entry(time.monotonic() + timeout, timeout, regions=list(regions))
+        self._entries[transfer_id] = _Entry(time.monotonic() + timeout, timeout, items=items)
         self.status.put(transfer_id, TransferStatus(S.WAITING))
 
     def entry(self, tid: int) -> _Entry | None:
@@ -108,9 +111,9 @@ class FakeSender(_Side):
         self.views = register(layout, buffers, writable=False)
         self.worker_fatal: str | None = None  # no helper threads here; a test may set it
 
-    def send(self, transfer_id: int, peer: PeerInfo, regions: Sequence[Region] | ItemBatch, last: bool = False,
+    def send(self, transfer_id: int, peer: PeerInfo, batch: ItemBatch, last: bool = False,
              timeout_s: float | None = None) -> None:
-        regions = as_regions(self.layout, regions)
+        items = as_items(self.layout, batch)
         timeout = timeout_s or self._timeout
         e = self._entries.get(transfer_id)
         if e is None:
@@ -122,9 +125,9 @@ class FakeSender(_Side):
         # sees its chunks arrive as they are sent; here the bytes move only at `last`)
         e.deadline = time.monotonic() + timeout
         self.net.progress(transfer_id, peer)
-        e.regions.extend(regions)
+        e.extend(items)
         if last:
-            self.net.deliver(self, transfer_id, peer, e.regions)
+            self.net.deliver(self, transfer_id, peer, e.items)
 
 
 class FakeTransport:
@@ -169,22 +172,22 @@ class FakeTransport:
         if e is not None and not rx.state(tid).terminal and tid not in self._held:
             e.deadline = time.monotonic() + e.timeout_s
 
-    def deliver(self, tx: FakeSender, tid: int, peer: PeerInfo, regions: list[Region]) -> None:
+    def deliver(self, tx: FakeSender, tid: int, peer: PeerInfo, items: dict[int, list[int]]) -> None:
         if tid in self._held:
             return
         rx = self._receivers.get(peer.key())
-        reason = self._problem(tx, rx, tid, peer, regions)
+        reason = self._problem(tx, rx, tid, peer, items)
         if reason:
             tx.set(tid, S.FAILED, reason)
             if rx is not None:
                 rx.set(tid, S.FAILED, reason)
             return
-        nbytes = self._copy(tx, rx, tid, regions)
+        nbytes = self._copy(tx, rx, tid, items)
         tx.set(tid, S.DONE, nbytes=nbytes)
         rx.set(tid, S.DONE, nbytes=nbytes)
 
     def _problem(self, tx: FakeSender, rx: FakeReceiver | None, tid: int, peer: PeerInfo,
-                 regions: list[Region]) -> str:
+                 items: dict[int, list[int]]) -> str:
         if tid in self._fail:
             return self._fail.pop(tid)
         if rx is None:
@@ -195,7 +198,7 @@ class FakeTransport:
         mismatch = rx.layout.mismatch(tx.layout)
         if mismatch:
             return mismatch
-        sent, want = stream_lengths(regions), stream_lengths(e.regions)
+        sent, want = _stream_lengths(tx.layout, items), _stream_lengths(rx.layout, e.items)
         for b in sorted(set(sent) | set(want)):
             if sent.get(b, 0) != want.get(b, 0):
                 return (f"buffer {b} stream length mismatch: sender sends {sent.get(b, 0)} B, "
@@ -203,35 +206,35 @@ class FakeTransport:
         return ""
 
     @staticmethod
-    def _copy(tx: FakeSender, rx: FakeReceiver, tid: int, regions: list[Region]) -> int:
-        streams = dest_streams(rx.entry(tid).regions)
-        pos: dict[int, int] = {}
-        for r in regions:
-            view = tx.views[r.buffer_id][r.offset: r.offset + r.length]
-            scatter(rx.views[r.buffer_id], streams[r.buffer_id], pos.get(r.buffer_id, 0), [view])
-            pos[r.buffer_id] = pos.get(r.buffer_id, 0) + r.length
-        return sum(pos.values())
+    def _copy(tx: FakeSender, rx: FakeReceiver, tid: int, items: dict[int, list[int]]) -> int:
+        """Byte k of each buffer's sent stream onto byte k of its expected one (equal item lengths: the
+        layouts matched)."""
+        nbytes = 0
+        for b, dst_ids in rx.entry(tid).items.items():
+            n = rx.layout.buffers[b].item_len
+            for s, d in zip(items.get(b, []), dst_ids):
+                rx.views[b][d * n: (d + 1) * n] = tx.views[b][s * n: (s + 1) * n]
+            nbytes += n * len(dst_ids)
+        return nbytes
 
-
-
-def as_regions(layout: MemoryLayout, what: Sequence[Region] | ItemBatch) -> list[Region]:
-    """Checked regions of `what`; an `ItemBatch` (the backend's staged path) becomes its items' regions in
-    stream order, after its `ready` (page ids the scheduler still copies). Head slices (TP pairing) stay
-    with the real transport: no region list describes them."""
-    if not isinstance(what, ItemBatch):
-        for r in what:
-            layout.check_region(r)
-        return list(what)
-    if what.ready is not None:
-        what.ready()
-    out: list[Region] = []
-    for g in what.groups:
+def as_items(layout: MemoryLayout, batch: ItemBatch) -> dict[int, list[int]]:
+    """Checked item ids of `batch` per buffer, in stream order, after its `ready` (page ids the scheduler
+    still copies). Head slices (TP pairing) stay with the real transport."""
+    if batch.ready is not None:
+        batch.ready()
+    out: dict[int, list[int]] = {}
+    for g in batch.groups:
         if g.head is not None:
             raise NotImplementedError("fake transport: head slices move on ZmqSender/ZmqReceiver only")
         index = as_index(g.index)
         check_items(layout, g, index)
-        out += item_regions(layout, g.buffer_ids, index.tolist())
+        for b in g.buffer_ids:
+            out.setdefault(b, []).extend(index.tolist())
     return out
+
+
+def _stream_lengths(layout: MemoryLayout, items: dict[int, list[int]]) -> dict[int, int]:
+    return {b: layout.buffers[b].item_len * len(ids) for b, ids in items.items() if ids}
 
 
 def _no_faults(opts: dict[str, Any]) -> None:

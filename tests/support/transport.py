@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
-from prfaas_sgl.transfer.layout import MemoryLayout, Region
+from prfaas_sgl.transfer.items import ItemBatch, Items, as_index
+from prfaas_sgl.transfer.layout import MemoryLayout
 
 _START_TIMEOUT_S = 30.0
 
@@ -21,9 +22,32 @@ def fill_random(layout: MemoryLayout, seed: int) -> list[np.ndarray]:
     return [rng.integers(0, 256, b.nbytes, dtype=np.uint8) for b in layout.buffers]
 
 
-def read_regions(views: Sequence[Any], regions: Sequence[Region]) -> bytes:
-    """Concatenated bytes of `regions`, in order (what a stream comparison needs)."""
-    return b"".join(bytes(memoryview(views[r.buffer_id])[r.offset: r.offset + r.length]) for r in regions)
+def batch(layout: MemoryLayout, pages: Sequence[int] = (), slot: int | None = None,
+          aux: int | None = None) -> ItemBatch:
+    """A request's items as the backend names them: `pages` of every K/V buffer, then (the last piece)
+    state slot `slot` of every state buffer and aux row `aux`."""
+    groups = [Items(tuple(layout.ids_of("kv")), np.asarray(list(pages), dtype=np.int64))] if len(pages) else []
+    if slot is not None and layout.ids_of("state"):
+        groups.append(Items(tuple(layout.ids_of("state")), np.array([slot])))
+    if aux is not None:
+        groups.append(Items(tuple(layout.ids_of("aux")), np.array([aux])))
+    return ItemBatch(tuple(groups))
+
+
+def stream_bytes(layout: MemoryLayout, what: ItemBatch) -> int:
+    """Bytes `what` moves (whole items)."""
+    return sum(layout.buffers[b].item_len * len(g) for g in what.groups for b in g.buffer_ids)
+
+
+def read_items(views: Sequence[Any], layout: MemoryLayout, what: ItemBatch) -> bytes:
+    """Concatenated bytes of `what`'s items, group by group, buffer by buffer (what a stream comparison
+    needs). Whole items only."""
+    out = []
+    for g in what.groups:
+        for b in g.buffer_ids:
+            n, view = layout.buffers[b].item_len, memoryview(views[b]).cast("B")
+            out += [bytes(view[i * n: (i + 1) * n]) for i in as_index(g.index).tolist()]
+    return b"".join(out)
 
 
 def _serve(conn: Any, role: str, layout: MemoryLayout, cfg: TransferConfig, kwargs: dict, seed: int) -> None:
@@ -43,7 +67,7 @@ def _serve(conn: Any, role: str, layout: MemoryLayout, cfg: TransferConfig, kwar
             if cmd == "stop":
                 break
             try:
-                result = read_regions(bufs, args[0]) if cmd == "read" else getattr(side, cmd)(*args)
+                result = read_items(bufs, layout, args[0]) if cmd == "read" else getattr(side, cmd)(*args)
                 conn.send(("ok", result))
             except Exception as e:  # shipped to the test process
                 conn.send(("err", repr(e)))

@@ -14,7 +14,7 @@ heartbeats, abort); data plane = `ZmqSender` on the prefill server, `ZmqReceiver
     rx verifies every chunk, Done     ──data────▶       tx DONE → status Success ──control──▶
     poll() = Success only when rx DONE as well
 
-Modules: `sglang_backend` (hooks), `memory` (KVArgs → layout/regions), `control` (typed control
+Modules: `sglang_backend` (hooks), `memory` (KVArgs → layout, ids → ItemBatch), `control` (typed control
 messages), `manager`/`prefill`/`decode` (KV managers), `conn` (sender/receiver/bootstrap classes),
 `settings` (config and the one environment variable).
 """

@@ -1,4 +1,4 @@
-"""SGLang's `KVArgs` (raw pool pointers) as a data-plane `MemoryLayout`, and page/slot → region math.
+"""SGLang's `KVArgs` (raw pool pointers) as a data-plane `MemoryLayout`, and page/slot ids → `ItemBatch`.
 
 Buffer ids, identical on both sides of a transfer when both run the same model and page size:
 
