@@ -18,6 +18,11 @@ import torch
 from .spec import AttentionSpec, PagedBatch
 
 DEFAULT_WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace (split-k partials)
+# The kernel family SGLang 0.5.23's flashinfer backend builds its paged prefill and decode wrappers with
+# (FlashInferAttnBackend: prefill_backend = decode_backend = "fa2"). FlashInfer's default, "auto", picks
+# the Hopper FA3 kernels on sm_90: another kernel than SGLang runs, and its JIT build did not finish in
+# 240 s per module on an H200 (the GPU check, 2026-11-26), where the FA2 decode modules built in seconds.
+PAGED_BACKEND = "fa2"
 # Head dims whose paged prefill and decode were checked against the reference on an H100 (see the
 # GPU tests). FlashInfer 0.7.2 itself validates nothing: its FA2 prefill faults (illegal memory
 # access, which poisons the CUDA context) for head dims that are not multiples of 64, e.g. 80, and
@@ -77,7 +82,8 @@ class FlashInferPagedAttention:
         """Causal attention of q [total_q, Hq, D] over NHD pages; see `paged_prefill`."""
         check_supported(spec)
         if self._prefill is None:
-            self._prefill = self._fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+            self._prefill = self._fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD",
+                                                                     backend=PAGED_BACKEND)
         w = self._prefill
         if self._plans.stale("prefill", batch, spec, q.dtype, k_cache.dtype):
             w.plan(batch.qo_indptr, batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len,
@@ -92,7 +98,7 @@ class FlashInferPagedAttention:
         tensor_cores = use_tensor_cores(spec, k_cache.dtype)
         w = self._decode.get(tensor_cores)
         if w is None:
-            w = self._fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD",
+            w = self._fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", backend=PAGED_BACKEND,
                                                             use_tensor_cores=tensor_cores)
             self._decode[tensor_cores] = w
         if self._plans.stale(f"decode-tc{int(tensor_cores)}", batch, spec, q.dtype, k_cache.dtype):

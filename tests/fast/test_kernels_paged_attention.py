@@ -4,6 +4,8 @@ pool adapter's exact page tables, and FlashInfer vs the reference on a GPU (skip
 from __future__ import annotations
 
 import math
+import sys
+import types
 
 import pytest
 import torch
@@ -237,6 +239,36 @@ DECODE_CASES = {  # (q_len 1 everywhere) GQA 4 takes the tensor-core decode path
 @pytest.fixture(scope="module")
 def runner():
     return FlashInferPagedAttention("cuda")
+
+
+def test_flashinfer_wrappers_use_the_kernels_sglang_runs(monkeypatch):
+    """Runs on CPU with a recording stand-in for the flashinfer module: SGLang 0.5.23's flashinfer backend
+    builds its paged prefill and decode wrappers with backend="fa2"; FlashInfer's default ("auto") picks
+    FA3 on Hopper, another kernel, whose JIT build did not finish in the GPU check's time on an H200."""
+    made = []
+
+    class Wrapper:
+        def __init__(self, *args, **kwargs):
+            made.append((type(self).__name__, kwargs.get("backend")))
+
+        def plan(self, *args, **kwargs):
+            pass
+
+        def run(self, q, kv, out=None):
+            return q
+
+    fake = types.SimpleNamespace(BatchPrefillWithPagedKVCacheWrapper=type("Prefill", (Wrapper,), {}),
+                                 BatchDecodeWithPagedKVCacheWrapper=type("Decode", (Wrapper,), {}))
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: torch.empty(0))  # no CUDA workspace on CPU
+    runner = FlashInferPagedAttention.__new__(FlashInferPagedAttention)
+    monkeypatch.setattr(torch, "device", lambda d: types.SimpleNamespace(type="cuda"))
+    runner.__init__("cuda")
+    q, k_cache, v_cache, batch, _ = make_inputs(16, 128, 8, 2, [(1, 20), (1, 5)], dtype=torch.bfloat16)
+    runner.prefill(q, k_cache, v_cache, batch, AttentionSpec(8, 2, 128, 16))
+    for hq in (8, 2):  # tensor-core and CUDA-core decode
+        runner.decode(q[:, :hq], k_cache, v_cache, batch, AttentionSpec(hq, 2, 128, 16))
+    assert made == [("Prefill", "fa2"), ("Decode", "fa2"), ("Decode", "fa2")]
 
 
 def test_flashinfer_refuses_head_dims_it_would_get_wrong():
