@@ -25,6 +25,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prfaas_sgl.tools.cpu_share import CpuGroup, CpuShare
+
 MODES = ("colocated", "prefill", "decode")
 _LIVE: set["ManagedProcess"] = set()
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -79,6 +81,7 @@ class ServerSpec:
     log_path: str | None = None
     netns: str | None = None  # run inside `ip netns exec NAME` (emulated remote datacenter)
     device: str = "cpu"  # "cuda": none of the CPU flags / environment below
+    cpu: CpuShare | None = None  # emulated compute: CPU-time quota and core set (tools/cpu_share.py)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -140,8 +143,12 @@ def server_env(spec: ServerSpec) -> dict:
 class ManagedProcess:
     """A subprocess in its own session with a log file and an HTTP health URL; see module docstring."""
 
-    def __init__(self, cmd: list[str], env: dict, log_path: str, url: str, netns: str | None = None):
+    def __init__(self, cmd: list[str], env: dict, log_path: str, url: str, netns: str | None = None,
+                 cpu: CpuGroup | None = None):
         self.cmd = ["ip", "netns", "exec", netns, *cmd] if netns else cmd
+        self.cpu = cpu  # joined outside the netns: `ip netns exec` mounts a sysfs without this cgroup tree
+        if cpu is not None:
+            self.cmd = cpu.wrap(self.cmd)
         self.env, self.log_path, self.url = env, Path(log_path), url
         self.proc: subprocess.Popen | None = None
         self._log = None
@@ -152,6 +159,8 @@ class ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._close_log()
         self._log = open(self.log_path, "ab" if append else "wb")
+        if self.cpu is not None:
+            self.cpu.create()
         self.proc = subprocess.Popen(
             self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
             preexec_fn=_die_with_parent(os.getpid()) if _LIBC and _on_main_thread() else None,
@@ -193,7 +202,7 @@ class ManagedProcess:
         """SIGTERM to the group; False when there is nothing left to stop."""
         _LIVE.discard(self)
         if self.proc is None or self.proc.poll() is not None and not _group_alive(self.proc.pid):
-            self._close_log()
+            self._release()
             return False
         _signal_group(self.proc.pid, signal.SIGTERM)
         return True
@@ -209,6 +218,12 @@ class ManagedProcess:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        self._release()
+
+    def _release(self) -> None:
+        """What a stopped process leaves: its log file and its CPU group."""
+        if self.cpu is not None:
+            self.cpu.remove()
         self._close_log()
 
     def kill(self) -> None:
@@ -233,7 +248,8 @@ class SGLangServer(ManagedProcess):
         self.spec = spec
         cmd = [sys.executable, "-m", "sglang.launch_server", *server_args(spec)]
         log = spec.log_path or f"/tmp/prfaas-sglang-{spec.port}.log"
-        super().__init__(cmd, server_env(spec), log, spec.url, spec.netns)
+        cpu = CpuGroup(f"{spec.mode}-{spec.port}", spec.cpu) if spec.cpu is not None else None
+        super().__init__(cmd, server_env(spec), log, spec.url, spec.netns, cpu)
 
 
 def _on_main_thread() -> bool:

@@ -1,0 +1,83 @@
+"""Emulated compute per server: a real cgroup v1 CPU quota and a real core set on real child processes
+(root, as this project's machines and CI run), and clear refusals where either cannot be applied."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prfaas_sgl.tools.cpu_share import CGROUP_CPU, CpuGroup, CpuShare, CpuShareError, problem
+from prfaas_sgl.tools.launch import ManagedProcess
+
+needs_cgroup = pytest.mark.skipif(problem(CpuShare(cores=0.5)) is not None,
+                                  reason=f"needs root and the cgroup v1 cpu controller: {problem(CpuShare(cores=0.5))}")
+# A child that burns CPU for `secs` of wall time, and its children too (a server's scheduler is forked later),
+# then prints the CPU time of the process tree and the cores it may run on.
+BURN = """
+import os, sys, time
+secs = float(sys.argv[1])
+if os.fork() == 0:
+    end = time.monotonic() + secs
+    while time.monotonic() < end: pass
+    os._exit(0)
+end = time.monotonic() + secs
+while time.monotonic() < end: pass
+os.wait()
+t = os.times()
+print(t.user + t.system + t.children_user + t.children_system, sorted(os.sched_getaffinity(0)), flush=True)
+"""
+
+
+def _run(tmp_path: Path, share: CpuShare, name: str, secs: float = 2.0):
+    group = CpuGroup(name, share)
+    proc = ManagedProcess([sys.executable, "-c", BURN, str(secs)], dict(os.environ), str(tmp_path / "log"),
+                          "http://127.0.0.1:9", cpu=group)
+    proc.start()
+    proc.proc.wait(timeout=30)
+    proc.stop(grace_s=1)
+    cpu_s, cpus = proc.log_path.read_text().split(maxsplit=1)
+    return float(cpu_s), cpus.strip(), group
+
+
+@needs_cgroup
+def test_quota_caps_the_whole_process_tree_and_the_group_goes_away(tmp_path):
+    """Two busy processes (parent and a child forked after start) under 0.25 cores for 2 s use ~0.5 s of CPU,
+    not the ~4 s two unconstrained busy loops take on two cores."""
+    cpu_s, _, group = _run(tmp_path, CpuShare(cores=0.25), f"test-quota-{os.getpid()}")
+    assert 0.3 < cpu_s < 0.8, cpu_s
+    assert not group.path.exists()  # removed once its processes were gone
+
+
+@needs_cgroup
+def test_core_set_pins_the_server(tmp_path):
+    _, cpus, _ = _run(tmp_path, CpuShare(cores=1.0, cpus=(0,)), f"test-pin-{os.getpid()}", secs=0.2)
+    assert cpus == "[0]"
+
+
+def test_refusals_say_what_to_change(tmp_path):
+    assert "cgroup v1 cpu controller" in problem(CpuShare(cores=1), root=tmp_path)
+    have = os.cpu_count()
+    assert f"cores [{have}] do not exist here" in problem(CpuShare(cpus=(0, have)))
+    with pytest.raises(CpuShareError, match="cgroup v1 cpu controller"):
+        CpuGroup("x", CpuShare(cores=1), root=tmp_path).create()
+    if os.geteuid() == 0 and CGROUP_CPU.exists():
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        (ro / "cpu.cfs_quota_us").write_text("-1")
+        os.chmod(ro, 0o555)
+        assert problem(CpuShare(cores=1), root=ro) is None  # root writes anyway: access() says so
+    for bad in (dict(cores=0), dict(cores=-1.0), dict(cpus=(1, 1)), dict(cpus=(-1,))):
+        with pytest.raises(ValueError):
+            CpuShare(**bad)
+
+
+def test_wrap_joins_outside_the_netns_and_keeps_the_pid():
+    group = CpuGroup("s", CpuShare(cores=0.5, cpus=(0, 1)), root=Path("/sys/fs/cgroup/cpu"))
+    cmd = group.wrap(["ip", "netns", "exec", "dc2", "python3", "-m", "x"])
+    assert cmd[:2] == ["sh", "-c"] and "exec \"$@\"" in cmd[2] and "/prfaas/s/cgroup.procs" in cmd[2]
+    assert cmd[4:] == ["taskset", "-c", "0,1", "ip", "netns", "exec", "dc2", "python3", "-m", "x"]
+    assert CpuGroup("t", CpuShare()).wrap(["a"]) == ["a"]
+    time.sleep(0)
