@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -80,4 +79,35 @@ def test_wrap_joins_outside_the_netns_and_keeps_the_pid():
     assert cmd[:2] == ["sh", "-c"] and "exec \"$@\"" in cmd[2] and "/prfaas/s/cgroup.procs" in cmd[2]
     assert cmd[4:] == ["taskset", "-c", "0,1", "ip", "netns", "exec", "dc2", "python3", "-m", "x"]
     assert CpuGroup("t", CpuShare()).wrap(["a"]) == ["a"]
-    time.sleep(0)
+
+
+def _deployment(**prefill):
+    from prfaas_sgl.tools.deploy import config
+
+    return config.parse({"deployment": {"model": "m", "device": "cpu"}, "servers": [
+        {"name": "p", "machine": "a", "pool": "prfaas", "host": "127.0.0.1", "port": 1, "bootstrap_port": 2,
+         **prefill},
+        {"name": "d", "machine": "a", "pool": "decode", "host": "127.0.0.1", "port": 3},
+    ]})
+
+
+def test_the_deployment_file_gives_each_server_its_share(tmp_path):
+    from prfaas_sgl.tools.deploy.up import server_spec
+
+    dep = _deployment(cpu_cores=1.5, cpus=[0, 1])
+    p, d = dep.servers
+    assert p.cpu_share == CpuShare(1.5, (0, 1)) and d.cpu_share is None
+    assert server_spec(dep, p, "m", tmp_path).cpu == CpuShare(1.5, (0, 1))
+    with pytest.raises(ValueError, match=r"servers\[p\]: cpu cores=0"):
+        _deployment(cpu_cores=0)
+
+
+def test_prfaas_up_refuses_a_share_this_machine_cannot_apply_before_starting_anything(tmp_path, capsys):
+    from prfaas_sgl.tools.deploy.up import Launcher, run
+
+    started = []
+    launcher = Launcher(server=lambda spec: started.append(spec), model=lambda m: m)
+    have = os.cpu_count()
+    assert run(_deployment(cpus=[have + 3]), "a", tmp_path, launcher) == 2
+    assert started == []
+    assert f"servers[p]: cores [{have + 3}] do not exist here" in capsys.readouterr().out

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from prfaas_sgl.config import is_loopback
 from prfaas_sgl.router.config import ADMIN_TOKEN_ENV, SUPERVISOR_TOKEN_ENV, RouterConfig
+from prfaas_sgl.tools.cpu_share import CpuShare
 
 POOLS = ("prfaas", "local_prefill", "decode")
 DEVICES = ("cpu", "cuda")
@@ -65,8 +66,14 @@ class ServerEntry:
     bootstrap_port: int | None = None
     netns: str | None = None
     args: tuple[str, ...] = ()
+    cpu_cores: float | None = None  # emulated compute: CPU time per second, in cores (cgroup v1 quota)
+    cpus: tuple[int, ...] = ()  # the cores it runs on (taskset)
 
     def __post_init__(self):
+        try:
+            self.cpu_share  # noqa: B018 (validates the two fields)
+        except ValueError as e:
+            raise ValueError(f"servers[{self.name}]: {e}") from None
         if self.pool not in POOLS:
             raise ValueError(f"servers[{self.name}].pool must be one of {POOLS}, got {self.pool!r}")
         if self.pool != "decode" and self.bootstrap_port is None:
@@ -77,6 +84,12 @@ class ServerEntry:
     @property
     def mode(self) -> str:
         return "decode" if self.pool == "decode" else "prefill"
+
+    @property
+    def cpu_share(self) -> CpuShare | None:
+        if self.cpu_cores is None and not self.cpus:
+            return None
+        return CpuShare(self.cpu_cores, tuple(self.cpus))
 
     @property
     def url(self) -> str:
@@ -197,7 +210,8 @@ def parse(raw: dict) -> Deployment:
     if "model" not in dep:
         raise ValueError("deployment.model is required (a model directory or 'tiny:<name>')")
     servers = tuple(
-        ServerEntry(**{**s, "args": tuple(s.get("args", ()))}) for s in raw.get("servers", [])
+        ServerEntry(**{**s, "args": tuple(s.get("args", ())), "cpus": tuple(s.get("cpus", ()))})
+        for s in raw.get("servers", [])
     )
     device = dep.get("device", "cuda")
     return Deployment(

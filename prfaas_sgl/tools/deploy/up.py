@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from prfaas_sgl.tools import cpu_share
 from prfaas_sgl.tools.deploy.config import Deployment, ServerEntry
 from prfaas_sgl.tools.deploy.keeper import Keeper, RestartPolicy
 from prfaas_sgl.tools.launch import ManagedProcess, SGLangServer, ServerSpec, server_env, stop_all, stop_together
@@ -39,7 +40,7 @@ def server_spec(dep: Deployment, s: ServerEntry, model_path: str, log_dir: Path)
     return ServerSpec(
         model_path=model_path, port=s.port, host=s.host, mode=s.mode, transfer_backend=dep.transfer_backend,
         bootstrap_port=s.bootstrap_port, extra_args=dep.server_args + s.args, netns=s.netns,
-        log_path=str(log_dir / f"{s.name}.log"), device=dep.device,
+        log_path=str(log_dir / f"{s.name}.log"), device=dep.device, cpu=s.cpu_share,
     )
 
 
@@ -84,11 +85,20 @@ class Stack:
     def spawn_servers(self) -> None:
         """Starts this machine's servers without waiting (call it on the main thread: launch._die_with_parent)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.check_cpu_shares()
         model = self.launcher.model(self.dep.model)
         for s in self.dep.on(self.machine):
             srv = self.servers[s.name] = self.launcher.server(server_spec(self.dep, s, model, self.log_dir))
             srv.start()
             self.say(f"[up] started {s.name} ({s.pool}) at {s.url}, pid {srv.pid}")
+
+    def check_cpu_shares(self) -> None:
+        """ValueError naming every server of this machine whose CPU share cannot be applied here: refused
+        before any server starts, since a half-emulated cluster would measure the wrong thing."""
+        refused = [f"servers[{s.name}]: {why}" for s in self.dep.on(self.machine)
+                   if s.cpu_share is not None and (why := cpu_share.problem(s.cpu_share))]
+        if refused:
+            raise ValueError("; ".join(refused))
 
     def wait_servers(self, timeout_s: float = 600.0) -> None:
         """Waits until every server answers /health (raises if one exits first), then keeps them running."""
@@ -184,7 +194,8 @@ def run(dep: Deployment, machine: str | None, log_dir: Path, launcher: Launcher 
         policy: RestartPolicy = RestartPolicy(), grace_s: float = 15.0) -> int:
     """``prfaas up``: 0 after a stop signal, 1 when a process failed to come up, 2 when refused before any start."""
     stack = Stack(dep, machine, log_dir, _say, launcher, policy, grace_s)
-    try:  # refused before any server starts: an open admin endpoint on a routable address, a short token
+    try:  # refused before any server starts: an open admin endpoint on a routable address, a short token,
+        stack.check_cpu_shares()  # a CPU share this machine cannot apply
         sup = stack.supervisor(_supervisor_token(stack))
     except ValueError as e:
         print(f"prfaas up: {e}", flush=True)
