@@ -9,7 +9,8 @@ Sections, each a child process with its own time limit, so a CUDA fault in one c
                  vs the torch reference, pool views) and FlashInfer reading the unified slab's strided K/V
                  views as SGLang's flashinfer backend calls it (tests/gpu/test_slab_devices.py)
   transport      the staged path between CUDA pools (tests/gpu/: packed and strided/slab, page sizes 1 and
-                 64, state byte runs, GPU<->host both ways, corrupt chunk, abort, goodput beside matmuls)
+                 64, state byte runs, GPU<->host both ways, corrupt chunk, abort, goodput beside matmuls,
+                 layer-group sends gated on a forward stream's events)
   cachepool      scripts/bench_cachepool_device.py: the pool's operations at 500K/2M slots, host vs CUDA blocks
   send_path      scripts/bench_send_device.py: the send path on CUDA pools vs host pools
   paged_bench    scripts/bench_paged_attention.py on CUDA (reuses the kernels `attention` built)
@@ -138,7 +139,8 @@ def main() -> int:
                                         "tests/gpu/test_slab_devices.py"], 300, {**env, "MAX_JOBS": "2"}, out) if "attention" in want else None
     if "transport" in want:
         report["sections"]["transport"] = Section("transport", PYTEST + [
-            "tests/gpu/test_staging_gpu.py", "tests/gpu/test_transport_devices.py"], 150, env, out).wait()
+            "tests/gpu/test_staging_gpu.py", "tests/gpu/test_transport_devices.py",
+            "tests/gpu/test_layer_groups_devices.py"], 150, env, out).wait()
         _save(out, report)
     if bg is not None:
         report["sections"]["attention"] = bg.wait()

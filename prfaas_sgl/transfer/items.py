@@ -113,11 +113,14 @@ class Items:
 @dataclass(frozen=True, slots=True)
 class ItemBatch:
     """One send() or expect(): groups of items. `ready` (prefill, optional) blocks until the pool and the
-    index arrays may be read (SGLang's wait_event / indices_event); it runs on the stager thread."""
+    index arrays may be read (SGLang's wait_event / indices_event); it runs on the stager thread. `gate`
+    (prefill, optional, a `gates.LayerGate`): the sender holds the batch back until it opens (layer-group
+    streaming), without blocking the stager or the link."""
 
     groups: tuple[Items, ...]
     ready: Callable[[], None] | None = None
     events: tuple[Any, ...] = ()  # device events the gather stream must wait for (CUDA only)
+    gate: Any = None
 
 
 def as_index(index: Any) -> np.ndarray:

@@ -130,11 +130,14 @@ class Link:
         self.stats.forget_inflight(nbytes)
 
     def pump(self, emit_control: Callable[["Link", Any], bool],
-             emit_job: Callable[["Link", Any, Any], bool], ready: Callable[[Any], bool]) -> None:
+             emit_job: Callable[["Link", Any, Any], bool], ready: Callable[[Any], bool],
+             waiting: Callable[[Any], bool] = lambda job: False) -> None:
         """Send control messages, then jobs of ready transfers oldest first, until something refuses.
+        A transfer whose next job is `waiting` (not staged yet) is passed over until it is not.
 
         Oldest-first finishes one request's KV before starting the next: lower mean time to first token
-        than interleaving, and the same link utilisation.
+        than interleaving, and the same link utilisation. Passing over an unstaged head keeps the link busy
+        while a request's next layer group is still computing.
         """
         while self.control:
             if not emit_control(self, self.control[0]):
@@ -148,11 +151,14 @@ class Link:
                 continue
             while t.jobs:
                 job = t.jobs[0]
+                if waiting(job):
+                    break
                 if not emit_job(self, t, job):
                     return
                 if t.jobs and t.jobs[0] is job:  # emit_job may have failed t and cleared its jobs
                     t.jobs.popleft()
-            del self._work[tid]
+            else:
+                del self._work[tid]
 
     def try_send(self, frames: list[Any]) -> bool:
         """Send on the next socket that accepts without blocking (round-robin striping)."""

@@ -10,8 +10,8 @@ O(chunks), `staging.Stager` gathers each into a ring slot on its own thread, and
 staged slot as one tracked zero-copy frame.
 
 Pieces: `peers.py` (links: sockets, window, queue), `send_book.py` (per-transfer state and deadlines),
-`send_frames.py` (headers and zero-copy frames), `items.py` + `staging.py` (the staged path); this file
-wires them to the loop and the API.
+`send_frames.py` (headers and zero-copy frames), `items.py` + `staging.py` (the staged path), `gates.py`
+(batches held until their layer group is written); this file wires them to the loop and the API.
 An unexpected error while handling one transfer fails that transfer only; if the loop thread itself
 dies, every pending transfer reads FAILED and `fatal` names the cause.
 """
@@ -28,6 +28,7 @@ import zmq
 import prfaas_sgl.transfer.faults as F  # not `from ..transfer import`: the package lazily imports us
 from prfaas_sgl.transfer.buffers import check_host
 from prfaas_sgl.transfer.config import PeerInfo, TransferConfig
+from prfaas_sgl.transfer.gates import Parking
 from prfaas_sgl.transfer.items import ItemBatch, StagePlan, plan_items
 from prfaas_sgl.transfer.layout import MemoryLayout
 from prfaas_sgl.transfer.loop import LoopDead, SocketLoop, make_context
@@ -68,6 +69,7 @@ class ZmqSender(SocketLoop):
         self.stats_server = (StatsServer(self.stats, host=stats_host, port=stats_port, token=cfg.stats_token)
                              if stats_port is not None else None)
         self._pruned_at = 0.0
+        self._parking = Parking(self._wake_loop)  # plans of layer groups not yet written (gates.py)
         self.start()
 
     # -- public API (any thread; never blocks on the network) --------------------------------------
@@ -150,7 +152,11 @@ class ZmqSender(SocketLoop):
             return
         now = time.monotonic()
         plans = plan_items(self.layout, batch, t.stream_pos, self.cfg.chunk_bytes)
-        self._staging().submit(plans)
+        stager = self._staging()  # also for parked plans: dropping them cancels them there
+        if batch.gate is not None and not batch.gate.is_open:
+            self._parking.park(batch.gate, tid, plans)  # queued in order below, staged once it opens
+        else:
+            stager.submit(plans)
         t.jobs.extend((c, now) for c in plans)
         t.queued += sum(c.length for c in plans)
         t.progress = now
@@ -267,9 +273,22 @@ class ZmqSender(SocketLoop):
             self._book.fail_link(link, reason)
 
     def next_deadline(self) -> float | None:
-        return self._book.next_deadline()
+        return min((d for d in (self._book.next_deadline(), self._parking.next_deadline()) if d is not None),
+                   default=None)
+
+    def _unpark(self, now: float) -> None:
+        """Stage the plans of layer groups written since; fail transfers whose group's gate timed out."""
+        opened, expired = self._parking.due(now)
+        for p in opened:
+            self._staging().submit(p.plans)  # plans of transfers ended meanwhile are CANCELLED: skipped
+        for p in expired:
+            t = self._book.transfers.get(p.tid)
+            if t is not None and not t.state.terminal:
+                self._book.fail(t, S.FAILED, f"transfer {p.tid}: layer group {p.gate.name} was not written "
+                                f"within {p.gate.timeout_s:g} s of its forward's start", notify=True)
 
     def on_tick(self, now: float) -> None:
+        self._unpark(now)
         for t in self._book.due(now):
             opening = t.state is S.OPENING
             self._book.expire(t, now)
@@ -281,7 +300,8 @@ class ZmqSender(SocketLoop):
         self._prune_stats(now)
         for link in self._links:
             try:
-                link.pump(self._emit_control, self._emit_job, lambda t: t.state is S.TRANSFERRING)
+                link.pump(self._emit_control, self._emit_job, lambda t: t.state is S.TRANSFERRING,
+                          waiting=_unstaged)
             except Exception:
                 log.exception("link %s: unexpected error while sending (loop continues)", link.peer.key())
 
@@ -340,3 +360,11 @@ class ZmqSender(SocketLoop):
 
 def _nothing() -> None:
     pass
+
+
+def _unstaged(job: Any) -> bool:
+    """`job` is a chunk not staged yet (parked on a gate, or in the stager's queue): the link serves the
+    next transfer meanwhile instead of waiting behind it."""
+    from prfaas_sgl.transfer.staging import PENDING, STAGING
+
+    return job is not CLOSE and job[0].state in (PENDING, STAGING)
