@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 
 
 def install(HookRegistry, HookType) -> None:
-    for fix in (fla_gated_rmsnorm_on_cpu, mooncake_sender_host_indices_off):
+    for fix in (fla_gated_rmsnorm_on_cpu, mooncake_sender_host_indices_off, conv_states_in_float32):
         fix()
     HookRegistry.register(
         "sglang.srt.models.qwen3_next.Qwen3GatedDeltaNet.__init__", qwen3_next_current_device, HookType.AROUND
@@ -38,6 +38,22 @@ def fla_gated_rmsnorm_on_cpu() -> None:
         if not module._use_cpu:
             module._use_cpu = True
             log.info("prfaas_sgl cpu fix: %s uses the CPU gated-RMSNorm op", name)
+
+
+def conv_states_in_float32() -> None:
+    """SGLang keeps linear-attention conv states (GDN, KDA) in bf16 whatever --dtype says
+    (`mamba_utils.mamba2_state_dtype`: SGLANG_MAMBA_CONV_DTYPE, default "bfloat16"); our CPU servers
+    compute in float32. The conv state is stored at every chunk end and read by the next chunk's
+    first K-1 tokens, so a float32 model's logits depended on where its prefill chunks began, and a
+    prefix hit (which begins a chunk at its checkpoint) was not token-exact against a server whose
+    chunks fell elsewhere. Measured on tiny-kimi-linear, 195-token prompt: input log-probs equal HF to
+    2e-5 before the first chunk end and off by up to 7e-3 from it on (chunk 64 or 512 alike). Keep
+    them in float32 unless the variable is set explicitly."""
+    from sglang.srt.environ import envs
+
+    if not envs.SGLANG_MAMBA_CONV_DTYPE.is_set():
+        envs.SGLANG_MAMBA_CONV_DTYPE.set("float32")
+        log.info("prfaas_sgl cpu fix: linear-attention conv states in float32")
 
 
 def mooncake_sender_host_indices_off() -> None:
