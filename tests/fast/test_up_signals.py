@@ -101,9 +101,20 @@ def cmdline(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def default_stop_signals() -> None:
+    """`prfaas up` as a shell's foreground command starts it: the stop signals at their defaults. A test run
+    under nohup (or as a shell's background job) passes SIGHUP (or SIGINT) down ignored, and `prfaas up`
+    keeps an ignored signal ignored (test_a_signal_ignored_at_start_stays_ignored)."""
+    for sig in STOP:
+        signal.signal(sig, signal.SIG_DFL)
+
+
+STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@pytest.mark.parametrize("sig", STOP)
 def test_a_stop_signal_stops_every_server_and_the_router_then_exits_0(tmp_path, sig):
-    up = Up(tmp_path, deployment(tmp_path))
+    up = Up(tmp_path, deployment(tmp_path), preexec_fn=default_stop_signals)
     try:
         assert len(up.children) == 4 and all(alive(p) for p in up.children)  # three servers and the router
         t0 = time.monotonic()
