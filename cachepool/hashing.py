@@ -7,7 +7,7 @@ native uint32; an `array("q")` (SGLang's token arrays) is packed without a per-t
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import xxhash
@@ -33,6 +33,30 @@ def block_hashes(token_ids: Sequence[int], block_size: int, seed: int = 0) -> li
         parent = digest(data[start:start + step], parent)
         out.append(parent)
     return out
+
+
+def hashes_until_miss(token_ids: Sequence[int], block_size: int, hashes: list[int],
+                      cached: Callable[[int], bool], seed: int = 0) -> None:
+    """Extend `hashes` (a prefix of block_hashes(token_ids)) until it holds a hash that is not `cached`,
+    or every full block: a prefix lookup needs no hash past its first miss, so a new prompt costs one
+    block, not its length. Hashes in doubling windows and looks up only each window's last hash (a
+    chained hash that is cached implies nothing about its parents, but one that is not means the first
+    miss is at or before it), so a full hit costs what block_hashes costs; at most twice the blocks up
+    to the first miss are hashed. Mutates hashes; they stay a prefix of block_hashes(token_ids).
+
+    hashes  [given ....)[window 1][window 2 ....][window 4 ..........]   stop: last hash not cached
+    """
+    n = len(token_ids) // block_size
+    done = len(hashes)
+    if done >= n or (done and not cached(hashes[-1])):
+        return
+    while done < n:
+        end = min(n, 2 * done if done else 1)
+        hashes.extend(block_hashes(token_ids[done * block_size:end * block_size], block_size,
+                                   hashes[-1] if hashes else seed))
+        if not cached(hashes[-1]):
+            return
+        done = end
 
 
 def _packed(token_ids: Sequence[int]) -> bytes:

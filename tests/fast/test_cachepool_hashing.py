@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from prfaas_sgl.cachepool import GroupSpec, HybridCachePool, PoolConfig
 from prfaas_sgl.cachepool import hashing
 from prfaas_sgl.cachepool.hashing import block_hashes, extend_hashes
-from prfaas_sgl.srt.cachepool_backend import hashes as memo_mod
 from prfaas_sgl.srt.cachepool_backend.hashes import HashMemo
 
 TOKENS = st.lists(st.integers(0, 2**32 - 1), max_size=200)
@@ -49,8 +48,7 @@ def _count_hashed_blocks(monkeypatch) -> list[int]:
         out = real(token_ids, block_size, seed)
         hashed[0] += len(out)
         return out
-    monkeypatch.setattr(hashing, "block_hashes", counting)
-    monkeypatch.setattr(memo_mod, "block_hashes", counting)
+    monkeypatch.setattr(hashing, "block_hashes", counting)  # the memo hashes through extend_hashes
     return hashed
 
 
@@ -63,6 +61,25 @@ def test_memo_hashes_each_block_once_as_the_request_grows(monkeypatch):
         got = memo.get("r", ids[:end])
         assert got is first and got.tokens[:end] == ids[:end]
     assert hashed[0] == 8 and first.hashes == block_hashes(list(ids), 16, 5)
+
+
+def test_a_match_hashes_only_up_to_the_first_block_the_index_lacks():
+    """A match reads hashes only up to its first miss: a new 8K-block prompt costs one block. A later
+    match, after the index gained blocks, goes on past the old stop; a lock or checkpoint (no `cached`)
+    completes the list, equal to hashing from scratch."""
+    ids = array("q", range(5000, 5000 + 16 * 8192 + 3))
+    full = block_hashes(ids, 16, 5)
+    index: set[int] = set()
+    memo = HashMemo(16, seed=5)
+    got = memo.get("r", ids, cached=index.__contains__)
+    assert got.hashes == full[:1]  # cold: the first block misses
+    index.update(full[:3])
+    assert memo.get("r", ids, cached=index.__contains__).hashes == full[:4]  # 3 hits, then the miss
+    index.update(full[:100])
+    got = memo.get("r", ids, cached=index.__contains__).hashes
+    assert got == full[:len(got)] and 101 <= len(got) <= 2 * 101  # past the first miss, at most 2x
+    assert memo.get("r", ids).hashes == full  # completed for the pool
+    assert memo.get("s", ids, cached=set(full).__contains__).hashes == full  # a full hit hashes all
 
 
 def test_memo_starts_over_when_tokens_are_not_an_extension(monkeypatch):

@@ -146,7 +146,8 @@ class PrfaasHybridCache(BasePrefixCache):
         if key.is_bigram or key.extra_key is not None or key.cache_salt is not None or len(key) == 0:
             return self._result(self.root_node)  # namespaced keys are not indexed (hash seed is global)
         ids = key.raw_token_ids()
-        seen = self.memo.get(getattr(params.req, "rid", None), ids)  # covers ids, maybe more of the request
+        # hashed up to the first block the KV index lacks: a new prompt costs one block, not its length
+        seen = self.memo.get(getattr(params.req, "rid", None), ids, cached=self.mirror.kv_of.__contains__)
         k = self.pool.match(ids, seen.hashes) // self.bs
         return self._result(self._matched(params, Node(seen.tokens[:k * self.bs], tuple(seen.hashes[:k]))))
 

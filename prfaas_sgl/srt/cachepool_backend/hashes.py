@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Optional
 
-from prfaas_sgl.cachepool.hashing import block_hashes, extend_hashes
+from prfaas_sgl.cachepool.hashing import extend_hashes, hashes_until_miss
 
 
 class RequestHashes:
-    """tokens: array("q") of the longest token list seen for the request; hashes ==
-    block_hashes(tokens). Both only grow (the pool may keep references to them)."""
+    """tokens: array("q") of the longest token list seen for the request; hashes: a prefix of
+    block_hashes(tokens), all of it after a `get` without `cached`. Both only grow (the pool may keep
+    references to them)."""
 
     __slots__ = ("tokens", "hashes")
 
@@ -37,30 +38,36 @@ class HashMemo:
         self.bs, self.seed, self.capacity = block_size, seed, capacity
         self._by_rid: OrderedDict[str, RequestHashes] = OrderedDict()
 
-    def get(self, rid: Optional[str], token_ids: Sequence[int]) -> RequestHashes:
+    def get(self, rid: Optional[str], token_ids: Sequence[int],
+            cached: Optional[Callable[[int], bool]] = None) -> RequestHashes:
         """Hashes covering token_ids: the result's tokens start with token_ids (they may go on: an
-        earlier call saw more of the request) and its hashes cover every full block of them."""
+        earlier call saw more of the request) and its hashes cover every full block of them; with
+        `cached` (a lookup: is this hash in the index?) only up to the first block that is not, which is
+        all a match reads. A later call without `cached` hashes the rest."""
         ids = token_ids if isinstance(token_ids, array) and token_ids.typecode == "q" else array("q", token_ids)
         kept = self._by_rid.get(rid) if rid is not None else None
         if kept is not None and self._extends(kept, ids):
             self._by_rid.move_to_end(rid)  # type: ignore[arg-type]
-            return kept
-        fresh = RequestHashes(array("q", ids), block_hashes(ids, self.bs, self.seed))
-        if rid is not None:
-            self._by_rid[rid] = fresh
-            if len(self._by_rid) > self.capacity:
-                self._by_rid.popitem(last=False)
-        return fresh
+        else:
+            kept = RequestHashes(array("q", ids), [])
+            if rid is not None:
+                self._by_rid[rid] = kept
+                if len(self._by_rid) > self.capacity:
+                    self._by_rid.popitem(last=False)
+        if cached is None:
+            extend_hashes(kept.hashes, kept.tokens, self.bs, self.seed)
+        else:
+            hashes_until_miss(kept.tokens, self.bs, kept.hashes, cached, self.seed)
+        return kept
 
     def _extends(self, kept: RequestHashes, ids: array) -> bool:
-        """Whether ids and kept.tokens agree on their common prefix; if so, grow kept to cover ids.
-        The comparison is a C-level array compare, ~20x cheaper than hashing the same tokens."""
+        """Whether ids and kept.tokens agree on their common prefix; if so, grow kept's tokens to cover
+        ids. The comparison is a C-level array compare, ~20x cheaper than hashing the same tokens."""
         n = min(len(ids), len(kept.tokens))
         if kept.tokens[:n] != ids[:n]:
             return False
         if len(ids) > n:
             kept.tokens.extend(ids[n:])
-            extend_hashes(kept.hashes, kept.tokens, self.bs, self.seed)
         return True
 
     def drop(self, rid: str) -> None:
