@@ -130,7 +130,8 @@ def main() -> None:
             if host is not None and dev != "cpu":
                 rows[-1]["ratio_to_cpu"] = {k: round(v / max(host["us"][k], 1e-9), 2) for k, v in rows[-1]["us"].items()}
             print(json.dumps(rows[-1]), flush=True)
-            torch.cuda.empty_cache() if dev.startswith("cuda") else None
+            if dev.startswith("cuda"):
+                torch.cuda.empty_cache()
     result = {"device_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu only",
               "torch": torch.__version__, "rows": rows}
     if args.out:
