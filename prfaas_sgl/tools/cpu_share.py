@@ -66,13 +66,17 @@ def problem(share: CpuShare, root: Path = CGROUP_CPU) -> str | None:
 
 
 class CpuGroup:
-    """One server's cgroup under `root`/prfaas/ and the command prefix that puts the server in it."""
+    """One server's cgroup under `root`/prfaas/ and the command prefix that puts the server in it.
 
-    def __init__(self, name: str, share: CpuShare, root: Path = CGROUP_CPU) -> None:
+    `cap_when_healthy`: the group starts uncapped and `cap()` applies the quota once the server serves. The
+    share emulates serving hardware; loading torch and the model is not what it models, and under a 0.12-core
+    quota a CPU SGLang server's ~60 s start-up would take ~8 minutes."""
+
+    def __init__(self, name: str, share: CpuShare, root: Path = CGROUP_CPU, cap_when_healthy: bool = False) -> None:
         if not name or "/" in name or name in (".", ".."):
             raise ValueError(f"cgroup name {name!r}: one path component")
         self.share, self.path = share, root / "prfaas" / name
-        self._root = root
+        self._root, self.cap_when_healthy = root, cap_when_healthy
 
     def create(self) -> None:
         why = problem(self.share, self._root)
@@ -82,7 +86,23 @@ class CpuGroup:
             return
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-        (self.path / "cpu.cfs_quota_us").write_text(str(self.share.quota_us))
+        self.set_cores(None if self.cap_when_healthy else self.share.cores)
+
+    def cap(self) -> None:
+        """Apply the share's quota (a group created with `cap_when_healthy` runs uncapped until then)."""
+        if self.share.cores is not None and self.path.exists():
+            self.set_cores(self.share.cores)
+
+    def set_cores(self, cores: float | None) -> None:
+        """Change the running group's quota (None: uncapped); the profiling step measures one server under
+        several shares this way."""
+        quota = -1 if cores is None else CpuShare(cores).quota_us
+        (self.path / "cpu.cfs_quota_us").write_text(str(quota))
+
+    def cores(self) -> float | None:
+        """The quota in force, in cores (None: uncapped)."""
+        q = int((self.path / "cpu.cfs_quota_us").read_text())
+        return None if q < 0 else q / PERIOD_US
 
     def wrap(self, cmd: list[str]) -> list[str]:
         """`cmd` started inside the group and on the cores; `exec` keeps the pid (and its death signal)."""

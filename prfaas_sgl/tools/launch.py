@@ -184,10 +184,17 @@ class ManagedProcess:
                 raise RuntimeError(f"{self.url} exited ({self.proc.returncode}); "
                                    f"log tail:\n{self.log_tail()}")
             if http_ok(self.url + "/health"):
+                self.became_healthy()
                 return self
             time.sleep(0.5)
         raise TimeoutError(f"{self.url} not healthy after {timeout_s}s; "
                            f"log tail:\n{self.log_tail()}")
+
+    def became_healthy(self) -> None:
+        """Called by whoever saw /health answer (wait_healthy, the keeper after a restart): a CPU share
+        deferred until the server serves applies now."""
+        if self.cpu is not None:
+            self.cpu.cap()
 
     def log_tail(self, n: int = 40) -> str:
         if not self.log_path.exists():
@@ -248,7 +255,8 @@ class SGLangServer(ManagedProcess):
         self.spec = spec
         cmd = [sys.executable, "-m", "sglang.launch_server", *server_args(spec)]
         log = spec.log_path or f"/tmp/prfaas-sglang-{spec.port}.log"
-        cpu = CpuGroup(f"{spec.mode}-{spec.port}", spec.cpu) if spec.cpu is not None else None
+        cpu = (CpuGroup(f"{spec.mode}-{spec.port}", spec.cpu, cap_when_healthy=True) if spec.cpu is not None
+               else None)
         super().__init__(cmd, server_env(spec), log, spec.url, spec.netns, cpu)
 
 

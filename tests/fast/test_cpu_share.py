@@ -111,3 +111,44 @@ def test_prfaas_up_refuses_a_share_this_machine_cannot_apply_before_starting_any
     assert run(_deployment(cpus=[have + 3]), "a", tmp_path, launcher) == 2
     assert started == []
     assert f"servers[p]: cores [{have + 3}] do not exist here" in capsys.readouterr().out
+
+
+# Answers 200 on every GET: a stand-in for a server's /health, so wait_healthy sees it serve.
+HEALTH = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+@needs_cgroup
+def test_a_server_loads_uncapped_and_its_quota_applies_once_it_serves(tmp_path):
+    """An SGLang server's ~60 s start-up under a 0.12-core quota would take ~8 minutes: the share a server
+    emulates applies from its first healthy /health on (wait_healthy, or the keeper after a restart)."""
+    from prfaas_sgl.tools.launch import free_port
+
+    port = free_port()
+    group = CpuGroup(f"test-defer-{os.getpid()}", CpuShare(cores=0.12), cap_when_healthy=True)
+    proc = ManagedProcess([sys.executable, "-c", HEALTH, str(port)], dict(os.environ), str(tmp_path / "log"),
+                          f"http://127.0.0.1:{port}", cpu=group)
+    try:
+        proc.start()
+        assert group.cores() is None  # loading: uncapped
+        proc.wait_healthy(30)
+        assert group.cores() == pytest.approx(0.12)
+        group.set_cores(0.5)  # the profiling step's change of share on a running server
+        assert group.cores() == pytest.approx(0.5)
+    finally:
+        proc.stop(grace_s=1)
+    assert not group.path.exists()
+
+
+def test_sglang_servers_defer_their_quota_until_healthy(tmp_path):
+    from prfaas_sgl.tools.launch import SGLangServer, ServerSpec
+
+    (tmp_path / "config.json").write_text("{}")
+    srv = SGLangServer(ServerSpec(model_path=str(tmp_path), port=1, cpu=CpuShare(cores=0.5)))
+    assert srv.cpu.cap_when_healthy

@@ -160,4 +160,5 @@ class Keeper:
         for k, ok in zip(waiting, oks):
             if ok and self.kept.get(k.name) is k and k.healthy_since is None:
                 k.healthy_since = self.clock()
+                k.proc.became_healthy()
                 self.say(f"[up] {k.name} healthy again after restart {k.restarts}")
