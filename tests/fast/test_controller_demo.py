@@ -72,7 +72,7 @@ def test_tables_say_the_servers_and_what_is_not_emulated():
     text = format_side_by_side([("A", fake_results(0.0, [0.5])), ("B", fake_results(0.0, [0.6]))])
     assert "| servers (remote + local P/D) | 1 + 2/1 | 1 + 2/1 |" in text
     note = "\n".join(NOT_EMULATED)
-    assert "H200" in note and "same CPU" in note and "restart" in note
+    assert "H200" in note and "same CPU" in note and "restart" in note and "fall back" in note
 
 
 def test_switch_timeline_plot_and_action_lines(tmp_path):

@@ -1,15 +1,21 @@
-"""`make demo`: a real PrfaaS deployment on one machine, measured under three routing policies.
+"""`make demo`: a real PrfaaS deployment on one machine, emulated heterogeneous hardware, measured under three
+routing policies beside the planner's prediction.
 
-    python -m prfaas_sgl.tools.demo [--sessions 24] [--link-mbit 20] [--out out/demo]
+    python -m prfaas_sgl.tools.demo [--reps 3] [--sessions 32] [--link-mbit 20] [--out out/demo]
     python -m prfaas_sgl.tools.demo --quick          # one CPU server, one chat request
 
 A "remote" PrfaaS prefill server runs in its own network namespace behind a `tc tbf`-limited veth link;
-two local prefill servers, a local decode server and the router run on the host. A scaled paper-shaped
-workload (truncated log-normal input lengths x 1/64, 16 output tokens) is replayed, with the same seed,
-under PrfaaS (threshold + bandwidth-aware), homogeneous PD (the same number of servers, all local) and naive
-(every prefill remote). A last phase shifts the workload from long to short prompts mid-run; the controller
-switches a local prefill server to decode while requests keep coming. Results: side-by-side tables, JSON and
-PNG plots under --out, and which results need heterogeneous hardware the demo cannot emulate.
+two local prefill servers, a local decode server and the router run on the host. Each server gets a CPU
+share emulating its GPU kind (hardware.py: compute-dense H200-like prefill, bandwidth-optimised H20-like
+local servers); without root or the cgroup cpu controller the demo says so and runs unshared.
+
+1. Profiling (cached): each kind's prefill curve and decode rate on the tiny model (profile.py).
+2. The planner on those profiles and the emulated link: threshold t and Λ_max per policy (plan.py).
+3. The measured table: PrfaaS at the planner's t, homogeneous PD (the same number of servers, all local) and
+   naive (every prefill remote), closed-loop, --reps repetitions each, measured beside predicted (measure.py).
+4. A last phase shifts the workload from long to short prompts mid-run; the controller switches a local
+   prefill server to decode while requests keep coming.
+Results: tables, JSON and PNG plots under --out.
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ import urllib.request
 from pathlib import Path
 
 from prfaas_sgl.tools import netns
-from prfaas_sgl.tools.demo import monitor, quick, shift
+from prfaas_sgl.tools.demo import hardware, measure, monitor, plan, profile, quick, shift
 from prfaas_sgl.tools.demo.live import LiveRouter, use_servers
 from prfaas_sgl.tools.demo.table import NOT_EMULATED, format_side_by_side
 from prfaas_sgl.tools.demo.topology import PHASES, DemoLink, Phase, deployment
@@ -51,8 +57,9 @@ def demo_link(mbit: float):
         yield DemoLink(link.remote_ip, link.local_ip, link.netns, link.rate)
 
 
-def set_policy(router_url: str, policy: str) -> None:
-    req = urllib.request.Request(router_url + "/admin/routing", json.dumps({"policy": policy}).encode(),
+def set_policy(router_url: str, policy: str, threshold: int | None = None) -> None:
+    body = {"policy": policy} | ({"threshold": threshold} if threshold is not None else {})
+    req = urllib.request.Request(router_url + "/admin/routing", json.dumps(body).encode(),
                                  {"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as r:
         got = json.loads(r.read())["policy"]
@@ -61,12 +68,12 @@ def set_policy(router_url: str, policy: str) -> None:
 
 
 def run_policy(router_url: str, tokenizer: str, args, out: Path, policy: str, prom=None, name: str = "",
-               **bench_kw) -> dict:
+               threshold: int | None = None, **bench_kw) -> dict:
     from prfaas_sgl.tools.loadgen.cli import bench
     from prfaas_sgl.tools.loadgen.config import BenchConfig
     from prfaas_sgl.tools.loadgen.plots import write_plots
 
-    set_policy(router_url, policy)
+    set_policy(router_url, policy, threshold)
     cfg = BenchConfig(
         url=router_url, api="completions", input_len="paper", output_len="fixed:1024", scale=args.scale,
         num_sessions=args.sessions, rate=args.rate, seed=args.seed, tokenizer=tokenizer,
@@ -119,22 +126,74 @@ def run_shift(router: LiveRouter, stack: Stack, link: DemoLink, phase: Phase, ar
     return parts, lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def use_shares(args) -> bool:
+    """Whether the servers get their emulated hardware; says why not when they cannot."""
+    if args.no_shares:
+        say("emulated hardware: off (--no-shares): every server runs unshared on the same cores")
+        return False
+    why = hardware.shares_problem()
+    if why:
+        say(f"emulated hardware: cannot apply CPU shares ({why}); falling back: every server runs unshared "
+            f"on the same cores, so the table compares routing on equal hardware, not the paper's gain")
+        return False
+    for line in hardware.describe():
+        say(f"emulated hardware: {line}")
+    return True
+
+
+def planner_step(model: str, args, shared: bool) -> dict[str, plan.Prediction]:
+    """Profile (cached), then the planner's predictions for the demo's three configurations."""
+    prof = profile.load_or_measure(model, args.profile_cache, args.out / "logs" / "profile.log", say, shared)
+    preds = plan.predict(plan.system(prof, args.link_mbit, args.scale, 1024 * args.scale))
+    print(plan.format_predictions(preds), flush=True)
+    return preds
+
+
+def measured_phases(router: LiveRouter, dep, args, tokenizer: str, prom, preds) -> tuple[list, dict]:
+    """--reps rounds of the three policy phases, caches flushed before each run. Returns the last round's
+    (label, results) rows and the measured runs per policy."""
+    runs = {p.policy: measure.Runs(p.policy, p.label) for p in PHASES if not p.shift}
+    rows = []
+    for rep in range(args.reps):
+        rows = []
+        for i, phase in enumerate([p for p in PHASES if not p.shift], 1):
+            say(f"repetition {rep + 1}/{args.reps}, phase {i}/3: {phase.label} on {', '.join(phase.servers)}")
+            router.call(lambda r: use_servers(r.cluster, phase.servers))
+            measure.flush_caches([s.url for s in dep.servers])
+            res = run_policy(router.url, tokenizer, args, args.out / f"rep{rep + 1}", phase.policy, prom,
+                             threshold=preds[phase.policy].threshold, concurrency=args.concurrency, warmup=2)
+            res["servers"] = servers_of(dep, phase.servers)
+            runs[phase.policy].add(res)
+            rows.append((phase.label, res))
+    return rows, runs
+
+
+def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one CPU server, one chat request")
-    ap.add_argument("--sessions", type=int, default=24, help="requests per policy")
-    ap.add_argument("--rate", type=float, default=0.5, help="Poisson arrivals, requests/s")
+    ap.add_argument("--sessions", type=int, default=32, help="requests per measured run")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of the three measured policies")
+    ap.add_argument("--concurrency", type=int, default=8, help="requests in flight in a measured run (closed loop)")
+    ap.add_argument("--rate", type=float, default=0.5, help="shift phase: Poisson arrivals, requests/s")
     ap.add_argument("--scale", type=float, default=1 / 64, help="scale of the paper's lengths")
-    ap.add_argument("--threshold", type=int, default=300, help="t in tokens (paper 19.4K x 1/64)")
+    ap.add_argument("--threshold", type=int, default=300, help="t in tokens when the planner gives none "
+                    "(paper 19.4K x 1/64)")
     ap.add_argument("--link-mbit", type=float, default=20.0, help="emulated inter-DC link rate")
     ap.add_argument("--backend", default="prfaas_zmq", help="KV transfer backend (prfaas_zmq or mooncake)")
     ap.add_argument("--slo-ttft", type=float, default=10.0, help="goodput SLO: TTFT seconds (CPU scale)")
     ap.add_argument("--slo-tpot", type=float, default=0.5, help="goodput SLO: TPOT seconds (CPU scale)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-shares", action="store_true", help="run every server unshared (no emulated hardware)")
+    ap.add_argument("--profile-cache", type=Path, default=Path("out/demo-profile.json"),
+                    help="the profiling step's cache (delete it to profile again)")
     ap.add_argument("--no-shift", action="store_true", help="skip the workload-shift phase (a restart under load "
                     "takes minutes here: the CI smoke test skips it; tests/sglang/role_switch_e2e.py proves it)")
     ap.add_argument("--out", type=Path, default=Path("out/demo"))
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.quick:
         return quick.main([])
     args.out.mkdir(parents=True, exist_ok=True)
@@ -142,29 +201,28 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     keys = args.out / "keys"
     generate_keys(str(keys))  # the demo runs secure, as a deployment must on routable addresses
+    shared = use_shares(args)
+    preds = planner_step(model, args, shared)
+    threshold = preds["bandwidth_aware"].threshold or args.threshold
     with demo_link(args.link_mbit) as link:
-        dep = deployment(link, "tiny:tiny-qwen35-hybrid", args.backend, args.threshold, args.link_mbit, str(keys))
+        dep = deployment(link, "tiny:tiny-qwen35-hybrid", args.backend, threshold, args.link_mbit, str(keys),
+                         shares=shared)
         stack = Stack(monitor.with_metrics(dep), "demo", args.out / "logs", say=say)  # servers; router below
         prom = router = None
-        rows, parts, lines = [], [], []
+        rows, runs, parts, lines = [], {}, [], []
         try:
             say(f"starting {len(dep.servers)} SGLang servers on CPU + the router (1-3 min) ...")
             stack.start()
             rcfg = RouterConfig.from_flags(**stack.dep.router_fields(tokenizer_path=model))
-            router = LiveRouter(rcfg, shift.LengthRule((2, 1), args.threshold)).start()
+            router = LiveRouter(rcfg, shift.LengthRule((2, 1), threshold)).start()
             prom = monitor.start(stack.dep, args.out, say)
             tokenizer = f"{model}/tokenizer.json"
-            for i, phase in enumerate(PHASES, 1):
-                if phase.shift and args.no_shift:
-                    continue
-                say(f"phase {i}/{len(PHASES)}: {phase.label} on {', '.join(phase.servers)}")
-                router.call(lambda r: use_servers(r.cluster, phase.servers))
-                if phase.shift:
-                    parts, lines = run_shift(router, stack, link, phase, args, tokenizer, prom)
-                    continue
-                res = run_policy(router.url, tokenizer, args, args.out, phase.policy, prom)
-                res["servers"] = servers_of(dep, phase.servers)
-                rows.append((phase.label, res))
+            rows, runs = measured_phases(router, dep, args, tokenizer, prom, preds)
+            shift_phase = next(p for p in PHASES if p.shift)
+            if not args.no_shift:
+                say(f"phase 4/4: {shift_phase.label} on {', '.join(shift_phase.servers)}")
+                router.call(lambda r: use_servers(r.cluster, shift_phase.servers))
+                parts, lines = run_shift(router, stack, link, shift_phase, args, tokenizer, prom)
         finally:
             say("stopping servers")
             if prom is not None:
@@ -172,8 +230,20 @@ def main(argv: list[str] | None = None) -> int:
             if router is not None:
                 router.close()
             stack.stop()
+    report(args, rows, runs, preds, parts, lines, shared)
+    say(f"done in {time.monotonic() - t0:.0f}s; results and plots in {args.out}/ (switch: {args.out}/shift/)")
+    switched = any(line.split("] ")[1].startswith("applied") for line in lines)
+    return 0 if all(r["summary"]["errors"] == 0 for _, r in rows + parts) and (switched or args.no_shift) else 1
+
+
+def report(args, rows, runs, preds, parts, lines, shared: bool) -> None:
     print()
+    print(f"last repetition ({args.reps} of {args.reps}):")
     print(format_side_by_side(rows))
+    print(f"\nmeasured ({args.reps} repetition(s), {args.sessions} requests each, {args.concurrency} in flight) "
+          f"vs predicted (planner on the measured profile){'' if shared else ' — UNSHARED fallback'}:")
+    print(measure.format_measured(runs, preds))
+    print(measure.stability(runs, preds))
     if args.no_shift:
         print("\nworkload shift + controller: skipped (--no-shift)")
     else:
@@ -181,15 +251,13 @@ def main(argv: list[str] | None = None) -> int:
         print(format_side_by_side(parts))
         print("\n".join(["controller actions:", *lines] if lines else ["controller actions: none (no switch)"]))
     print("\n" + "\n".join(NOT_EMULATED))
+    (args.out / "measured.json").write_text(measure.to_json(runs, preds))
     for path, table in ((args.out / "summary.json", rows), (args.out / "shift" / "summary.json", parts)):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({label: r["summary"] | {"router": r["router"], "servers": r.get("servers"),
                                                           "routes": {k: v["requests"] for k, v in r["routes"].items()}}
                                     for label, r in table}, indent=1))
     (args.out / "shift" / "actions.txt").write_text("\n".join(lines) + "\n")
-    say(f"done in {time.monotonic() - t0:.0f}s; results and plots in {args.out}/ (switch: {args.out}/shift/)")
-    switched = any(line.split("] ")[1].startswith("applied") for line in lines)
-    return 0 if all(r["summary"]["errors"] == 0 for _, r in rows + parts) and (switched or args.no_shift) else 1
 
 
 if __name__ == "__main__":

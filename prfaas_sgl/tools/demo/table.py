@@ -41,14 +41,14 @@ def format_side_by_side(rows: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-# What the demo cannot show: every server here is the same CPU running a tiny random-weight model.
+# What the demo cannot show, even with its CPU shares (hardware.py) applied.
 NOT_EMULATED = (
-    "Results that come from heterogeneous hardware, which this demo cannot emulate (all servers are the same CPU):",
-    "- PrfaaS's throughput gain over homogeneous PD (paper: 1.52x; docs/simulation.md) comes from compute-dense",
-    "  prefill GPUs (H200) beside bandwidth-optimised decode GPUs (H20). Here a 'remote' server is no faster than",
-    "  a local one, so the PrfaaS and homogeneous columns compare routing and KV-transfer costs on equal hardware,",
-    "  not that gain.",
-    "- Absolute TTFT, TPOT and throughput (a tiny model on 2 CPU cores), and the link-to-compute ratio (a 20 Mbit/s",
-    "  tc link with KV scaled down with the model).",
+    "What this demo does not emulate:",
+    "- The GPU kinds themselves: each server is a CPU share (H200-like prefill 0.7 cores, H20-like prefill 0.105,",
+    "  H20-like decode 0.583), the same CPU running a tiny random-weight model; a share scales prefill and decode",
+    "  alike, so each role's share follows the resource it is bound by (compute 6.7x, memory bandwidth 1.2x).",
+    "  Without root the shares fall back to every server unshared on the same CPU cores (the log says so).",
+    "- Absolute TTFT, TPOT and throughput, and the link-to-compute ratio (a 20 Mbit/s tc link, KV scaled down",
+    "  with the model); the paper's cluster sizes (4 / 3 / 5 servers there, 1 / 1 / 1 here).",
     "- The role switch's cost: a tiny model restarts in about a minute on CPU; a multi-GPU server takes minutes.",
 )

@@ -10,8 +10,9 @@ server binds 127.0.0.1 and the link is not emulated (the demo says so).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from prfaas_sgl.tools.demo.hardware import pool_share
 from prfaas_sgl.tools.deploy.config import Deployment, ServerEntry
 from prfaas_sgl.tools.launch import free_port
 
@@ -49,10 +50,17 @@ class DemoLink:
     rate: str | None
 
 
+def with_shares(server: ServerEntry) -> ServerEntry:
+    """`server` with its pool's emulated hardware (hardware.py)."""
+    sh = pool_share(server.pool)
+    return replace(server, cpu_cores=sh.cores, cpus=sh.cpus)
+
+
 def deployment(link: DemoLink, model: str, backend: str, threshold: int, link_mbit: float,
-               keys_dir: str | None = None) -> Deployment:
+               keys_dir: str | None = None, shares: bool = False) -> Deployment:
     """`keys_dir` (made by `prfaas keys`): CURVE and an authenticated Register on the data plane, which
-    prfaas_zmq requires once the link's routable addresses are used."""
+    prfaas_zmq requires once the link's routable addresses are used. `shares`: each server gets its pool's
+    CPU share (hardware.py)."""
     boot_remote, boot_local = free_port(), free_port()
     # The remote prefill's transport serves its link counters (bound to its side of the link, so the router
     # and Prometheus in the local namespace reach it): the router's link telemetry and the dashboard's
@@ -76,6 +84,8 @@ def deployment(link: DemoLink, model: str, backend: str, threshold: int, link_mb
         "state_bytes": float(STATE_BYTES), "link_gbps": link_mbit / 1000.0, "context_length": 8192,
         "loads_interval_s": 0.5, "health_interval_s": 2.0, "controller_interval_s": CONTROLLER_S,
     }
+    if shares:
+        servers = tuple(map(with_shares, servers))
     if stats:
         router["transport_stats_url"] = f"http://{link.remote_ip}:{stats[1]}/stats"
     keys = ("--prfaas-zmq-curve-keys", keys_dir) if keys_dir and backend == "prfaas_zmq" else ()

@@ -1,0 +1,87 @@
+"""The demo's measured table: the three policies on the emulated clusters, repeated, beside the planner.
+
+Each run is closed-loop (a fixed number of requests in flight) so that it measures what the servers
+sustain, the quantity the planner's Λ_max predicts; an open-loop run below capacity would measure its own
+arrival rate. Prefix caches are flushed before every run: repetitions reuse their seed, so the policies see
+the same prompts, and a cache warmed by the run before would shorten the next one's prefills.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import urllib.request
+from dataclasses import dataclass, field
+
+from prfaas_sgl.tools.demo.plan import Prediction
+
+
+@dataclass
+class Runs:
+    """The measured throughputs (req/s) and TTFT p90s (s) of one policy, one entry per repetition."""
+
+    policy: str
+    label: str
+    throughput: list[float] = field(default_factory=list)
+    ttft_p90: list[float] = field(default_factory=list)
+
+    def add(self, results: dict) -> None:
+        s = results["summary"]
+        self.throughput.append(s["request_throughput"])
+        self.ttft_p90.append((s["ttft_s"] or {}).get("p90") or float("nan"))
+
+    def mean(self) -> float:
+        return statistics.fmean(self.throughput)
+
+    def spread(self) -> str:
+        """mean (min–max) over the repetitions."""
+        return f"{self.mean():.2f} ({min(self.throughput):.2f}–{max(self.throughput):.2f})"
+
+
+def flush_caches(urls: list[str]) -> None:
+    """POST /flush_cache to each server (SGLang refuses while requests run; the demo calls it between runs)."""
+    for url in urls:
+        req = urllib.request.Request(url + "/flush_cache", b"", method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            r.read()
+
+
+def orderings(runs: dict[str, Runs]) -> list[tuple[str, ...]]:
+    """Per repetition, the policies from fastest to slowest."""
+    reps = len(next(iter(runs.values())).throughput)
+    return [tuple(sorted(runs, key=lambda p: -runs[p].throughput[i])) for i in range(reps)]
+
+
+def stability(runs: dict[str, Runs], preds: dict[str, Prediction]) -> str:
+    """A plain sentence: the ordering across repetitions, and whether it is the planner's."""
+    orders = orderings(runs)
+    name = {p: runs[p].label for p in runs}
+    predicted = tuple(sorted(preds, key=lambda p: -preds[p].lam))
+    say = lambda order: " > ".join(name[p] for p in order)  # noqa: E731
+    if len(set(orders)) == 1:
+        head = f"ordering stable over {len(orders)} repetition(s): {say(orders[0])}"
+    else:
+        head = (f"ordering NOT stable over {len(orders)} repetitions: " + "; ".join(say(o) for o in orders)
+                + " (the policies' throughputs lie within each other's spread on this machine)")
+    agree = "the planner's" if orders[0] == predicted and len(set(orders)) == 1 else f"planner: {say(predicted)}"
+    return f"{head} — {agree}"
+
+
+def format_measured(runs: dict[str, Runs], preds: dict[str, Prediction]) -> str:
+    base_m, base_p = runs["local_only"].mean(), preds["local_only"].lam
+    lines = ["| policy | servers (remote + P/D) | t (tokens) | measured req/s, mean (min–max) | predicted Λ_max "
+             "| measured vs homogeneous | predicted vs homogeneous | measured TTFT p90 (s) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for policy, r in runs.items():
+        p = preds[policy]
+        t = "-" if p.threshold is None else str(p.threshold)
+        p90 = statistics.fmean(r.ttft_p90)
+        lines.append(f"| {r.label} | {p.servers} | {t} | {r.spread()} | {p.lam:.2f} | {r.mean() / base_m:.2f}x "
+                     f"| {p.lam / base_p:.2f}x | {p90:.2f} |")
+    return "\n".join(lines)
+
+
+def to_json(runs: dict[str, Runs], preds: dict[str, Prediction]) -> str:
+    return json.dumps({p: {"label": r.label, "throughput_rps": r.throughput, "ttft_p90_s": r.ttft_p90,
+                           "predicted": dataclasses.asdict(preds[p])}
+                       for p, r in runs.items()}, indent=1)

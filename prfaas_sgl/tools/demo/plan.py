@@ -1,0 +1,78 @@
+"""The planner in the demo's loop: the measured profile (profile.py), the emulated link and the demo's scaled
+workload as a planner `System`, and the planner's prediction for each configuration the demo can run.
+
+The demo's servers have fixed roles (a PD server changes role only by a restart), so each policy is
+evaluated on the servers its phase uses (topology.PHASES), the threshold t searched by the planner:
+
+    PrfaaS          1 compute-dense prefill + 1 local prefill / 1 decode   t = the planner's optimum
+    homogeneous PD  2 local prefill / 1 decode (the remote slot as a local prefill)
+    naive           1 compute-dense prefill, 0 local prefill / 1 decode (local-prefill-0 stays idle)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from prfaas_sgl.router.planner import Curve, Hardware, System, best_threshold, stages, ttft_no_queue
+from prfaas_sgl.router.planner.optimize import ALL_REMOTE_T
+from prfaas_sgl.tools.demo.topology import KV_BYTES_PER_TOKEN, STATE_BYTES
+from prfaas_sgl.workload.lengths import TruncLogNormal
+
+PAPER_MU, PAPER_SIGMA, PAPER_LO, PAPER_HI = 9.9, 1.0, 128.0, 131072.0  # the loadgen's "paper" lengths
+
+
+@dataclass(frozen=True)
+class Prediction:
+    label: str
+    servers: str  # remote + local P/D
+    threshold: int | None  # tokens; None: every request on one route
+    lam: float  # Λ_max, req/s
+    bound: str  # the stage that sets it
+    offload: float  # fraction of requests prefilled remotely
+    ttft_p90_s: float  # prefill time alone, no queueing
+
+
+def hardware_of(entry: dict, name: str, decode: dict | None = None) -> Hardware:
+    pre = Curve(tuple(map(float, entry["tokens"])), tuple(entry["s_per_request"]), field=f"{name}.prefill")
+    if decode is None:
+        return Hardware(name, pre, gpus_per_instance=1)
+    return Hardware(name, pre, decode["batch"], Curve(poly=(decode["step_s"],), field=f"{name}.decode"), 1)
+
+
+def system(profile: dict, link_mbit: float, scale: float, output_tokens: float) -> System:
+    """The demo's PrfaaS deployment (1 remote, 2 local) as the planner sees it; lengths scaled like the
+    loadgen's `paper` spec."""
+    dist = TruncLogNormal(PAPER_MU + math.log(scale), PAPER_SIGMA, PAPER_LO * scale, PAPER_HI * scale)
+    local = hardware_of(profile["local_prefill"], "H20-like", profile["decode"])
+    remote = hardware_of(profile["prfaas"], "H200-like")
+    kv = Curve(poly=(float(STATE_BYTES), float(KV_BYTES_PER_TOKEN)), field="tiny model KV")
+    return System(kv, local, 2, remote, 1, link_mbit * 1e6 / 8, output_tokens, dist)
+
+
+def _prediction(label: str, servers: str, sys: System, st) -> Prediction:
+    t = None if st.split.p in (0.0, 1.0) or math.isinf(st.t) else int(round(st.t))
+    return Prediction(label, servers, t, st.lam, st.bound, st.split.p, ttft_no_queue(sys, st.t).p90)
+
+
+def predict(sys: System) -> dict[str, Prediction]:
+    """Keyed by the demo's phase policy names."""
+    prfaas = best_threshold(sys, 1, 1)
+    homo_sys = replace(sys, remote=None, n_remote=0, n_local=3)
+    homo = stages(homo_sys, math.inf, 2, 1)
+    naive = stages(sys, ALL_REMOTE_T, 0, 1)
+    return {
+        "bandwidth_aware": _prediction("PrfaaS", "1 + 1/1", sys, prfaas),
+        "local_only": _prediction("homogeneous PD", "0 + 2/1", homo_sys, homo),
+        "all_remote": _prediction("naive", "1 + 0/1", sys, naive),
+    }
+
+
+def format_predictions(preds: dict[str, Prediction]) -> str:
+    base = preds["local_only"].lam
+    lines = ["| planner (measured profile) | servers (remote + P/D) | t (tokens) | Λ_max (req/s) | vs homogeneous "
+             "| bound | offloaded | P90 prefill (s) |", "|---|---|---|---|---|---|---|---|"]
+    for p in preds.values():
+        t = "-" if p.threshold is None else str(p.threshold)
+        lines.append(f"| {p.label} | {p.servers} | {t} | {p.lam:.2f} | {p.lam / base:.2f}x | {p.bound} "
+                     f"| {100 * p.offload:.0f}% | {p.ttft_p90_s:.2f} |")
+    return "\n".join(lines)

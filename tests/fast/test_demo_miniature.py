@@ -1,0 +1,105 @@
+"""The demo's miniature of the paper: emulated GPU kinds as CPU shares, the planner on a measured profile,
+and the measured-vs-predicted table with its stability verdict (prfaas_sgl/tools/demo/{hardware,profile,plan,
+measure}.py). The real-server run is `make demo` (tests/sglang/demo_smoke_e2e.py runs a reduced one)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from prfaas_sgl.tools.demo import hardware, measure, plan, profile
+from prfaas_sgl.tools.demo.topology import DemoLink, deployment
+
+LOOPBACK = DemoLink("127.0.0.1", "127.0.0.1", None, None)
+
+
+def test_shares_echo_h200_vs_h20_compute_for_prefill_and_bandwidth_for_decode():
+    h200, h20p, h20d = (hardware.cores(*k) for k in ((hardware.H200, "prefill"),
+                                                     (hardware.H20, "prefill"), (hardware.H20, "decode")))
+    assert h200 == hardware.REFERENCE_CORES
+    assert h200 / h20p == pytest.approx(989 / 148, rel=0.01)  # ~6.7x dense BF16 TFLOPS
+    assert h200 / h20d == pytest.approx(4.8 / 4.0, rel=0.01)  # ~1.2x HBM bandwidth
+    assert hardware.pool_share("prfaas").cpus == (hardware.REMOTE_CORE,)
+    assert hardware.pool_share("decode").cpus == hardware.pool_share("local_prefill").cpus == (hardware.LOCAL_CORE,)
+    # the local core's servers together leave room for the unshared router and load generator
+    assert 2 * h20p + h20d < 0.85
+
+
+def test_the_demo_deployment_gives_each_pool_its_share_only_when_asked():
+    shared = deployment(LOOPBACK, "tiny:tiny-qwen35-hybrid", "prfaas_zmq", 300, 20.0, shares=True)
+    for s in shared.servers:
+        assert s.cpu_share == hardware.pool_share(s.pool), s.name
+    plain = deployment(LOOPBACK, "tiny:tiny-qwen35-hybrid", "prfaas_zmq", 300, 20.0)
+    assert all(s.cpu_share is None for s in plain.servers)
+
+
+def test_the_demo_says_it_falls_back_when_shares_cannot_be_applied(monkeypatch, capsys):
+    from prfaas_sgl.tools.demo.__main__ import use_shares
+
+    monkeypatch.setattr(hardware, "shares_problem", lambda: "a CPU quota needs write access: run as root")
+    assert use_shares(argparse.Namespace(no_shares=False)) is False
+    out = capsys.readouterr().out
+    assert "falling back" in out and "run as root" in out and "unshared" in out
+    monkeypatch.setattr(hardware, "shares_problem", lambda: None)
+    assert use_shares(argparse.Namespace(no_shares=False)) is True
+    assert "H200-like" in capsys.readouterr().out
+
+
+def _profile(remote_speedup: float) -> dict:
+    local = [0.13, 0.33, 1.0]
+    return {"prfaas": {"tokens": [32, 256, 1024], "s_per_request": [s / remote_speedup for s in local]},
+            "local_prefill": {"tokens": [32, 256, 1024], "s_per_request": local},
+            "decode": {"batch": 8, "step_s": 0.03}}
+
+
+def test_the_planner_on_an_h200_h20_profile_puts_prfaas_ahead_of_both_baselines():
+    preds = plan.predict(plan.system(_profile(6.7), 20.0, 1 / 64, 16))
+    prfaas, homo, naive = preds["bandwidth_aware"], preds["local_only"], preds["all_remote"]
+    assert prfaas.lam > naive.lam > homo.lam
+    assert 2 < prfaas.threshold < 2048 and 0 < prfaas.offload < 1
+    assert (homo.bound, homo.offload, homo.threshold) == ("pdp", 0.0, None)
+    assert naive.offload == 1.0 and naive.threshold is None
+    table = plan.format_predictions(preds)
+    assert f"| PrfaaS | 1 + 1/1 | {prfaas.threshold} |" in table and "| homogeneous PD | 0 + 2/1 | - |" in table
+
+
+def test_on_equal_hardware_the_planner_predicts_no_prfaas_gain():
+    """The unshared fallback: a remote server no faster than a local one; PrfaaS's 1 + 1 prefill servers
+    then sustain what homogeneous PD's 2 local ones do (the link at 20 Mbit/s does not bind)."""
+    preds = plan.predict(plan.system(_profile(1.0), 20.0, 1 / 64, 16))
+    assert preds["bandwidth_aware"].lam == pytest.approx(preds["local_only"].lam, rel=0.05)
+
+
+def _runs(table: dict[str, list[float]]) -> dict[str, measure.Runs]:
+    labels = {"bandwidth_aware": "PrfaaS", "local_only": "homogeneous PD", "all_remote": "naive"}
+    return {p: measure.Runs(p, labels[p], list(v), [1.0] * len(v)) for p, v in table.items()}
+
+
+def test_the_measured_table_gives_the_spread_and_a_plain_stability_verdict():
+    preds = plan.predict(plan.system(_profile(6.7), 20.0, 1 / 64, 16))
+    stable = _runs({"bandwidth_aware": [3.0, 3.2, 3.1], "local_only": [1.0, 1.1, 0.9],
+                    "all_remote": [2.0, 2.1, 2.2]})
+    assert measure.stability(stable, preds) == ("ordering stable over 3 repetition(s): PrfaaS > naive > "
+                                                "homogeneous PD — the planner's")
+    table = measure.format_measured(stable, preds)
+    assert "| PrfaaS | 1 + 1/1 |" in table and "3.10 (3.00–3.20)" in table and "| 3.10x |" in table
+    shaky = _runs({"bandwidth_aware": [3.0, 1.9, 3.1], "local_only": [1.0, 1.1, 0.9],
+                   "all_remote": [2.0, 2.1, 2.2]})
+    verdict = measure.stability(shaky, preds)
+    assert verdict.startswith("ordering NOT stable over 3 repetitions: PrfaaS > naive > homogeneous PD; "
+                              "naive > PrfaaS > homogeneous PD;")
+    assert json.loads(measure.to_json(stable, preds))["bandwidth_aware"]["predicted"]["lam"] == preds[
+        "bandwidth_aware"].lam
+
+
+def test_a_cached_profile_is_reused_and_a_changed_key_measures_again(tmp_path, monkeypatch):
+    cache, model = tmp_path / "profile.json", "/models/tiny-qwen35-hybrid"
+    calls = []
+    monkeypatch.setattr(profile, "measure", lambda *a: calls.append(a) or _profile(6.7))
+    first = profile.load_or_measure(model, cache, tmp_path / "log", lambda m: None)
+    assert len(calls) == 1 and json.loads(cache.read_text())["key"] == profile.cache_key(model, True)
+    assert profile.load_or_measure(model, cache, tmp_path / "log", lambda m: None) == first
+    assert len(calls) == 1  # cached
+    profile.load_or_measure(model, cache, tmp_path / "log", lambda m: None, shared=False)
+    assert len(calls) == 2  # the unshared fallback is another profile
