@@ -9,7 +9,7 @@ import json
 import pytest
 
 from prfaas_sgl.tools.demo import hardware, measure, plan, profile
-from prfaas_sgl.tools.demo.topology import DemoLink, deployment
+from prfaas_sgl.tools.demo.topology import EQUAL_COST, PHASES, DemoLink, deployment
 
 LOOPBACK = DemoLink("127.0.0.1", "127.0.0.1", None, None)
 
@@ -32,6 +32,13 @@ def test_the_demo_deployment_gives_each_pool_its_share_only_when_asked():
         assert s.cpu_share == hardware.pool_share(s.pool), s.name
     plain = deployment(LOOPBACK, "tiny:tiny-qwen35-hybrid", "prfaas_zmq", 300, 20.0)
     assert all(s.cpu_share is None for s in plain.servers)
+
+
+def test_the_equal_cost_phase_is_homogeneous_pd_with_one_server_doubled():
+    homogeneous = next(p for p in PHASES if p.policy == "local_only")
+    assert (EQUAL_COST.policy, EQUAL_COST.servers) == (homogeneous.policy, homogeneous.servers)
+    assert EQUAL_COST.merged == ("local-prefill-1",) and EQUAL_COST.key == "local_only_equal_cost"
+    assert {p.key for p in PHASES if not p.shift} == {"bandwidth_aware", "local_only", "all_remote"}
 
 
 def test_the_demo_says_it_falls_back_when_shares_cannot_be_applied(monkeypatch, capsys):
@@ -60,6 +67,8 @@ def test_the_planner_on_an_h200_h20_profile_puts_prfaas_ahead_of_both_baselines(
     assert 2 < prfaas.threshold < 2048 and 0 < prfaas.offload < 1
     assert (homo.bound, homo.offload, homo.threshold) == ("pdp", 0.0, None)
     assert naive.offload == 1.0 and naive.threshold is None
+    equal = preds["local_only_equal_cost"]  # an H200 costs ~2 H20s: 3 local prefill / 1 decode
+    assert equal.lam == pytest.approx(1.5 * homo.lam) and equal.servers == "0 + 3/1"
     table = plan.format_predictions(preds)
     assert f"| PrfaaS | 1 + 1/1 | {prfaas.threshold} |" in table and "| homogeneous PD | 0 + 2/1 | - |" in table
 

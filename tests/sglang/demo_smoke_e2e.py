@@ -4,7 +4,8 @@ run at 9bfdde5, against CI's 90-minute limit, and this file is 6 of them. Run it
 jobs on the machine). The demo's parts have fast tests: tests/fast/test_controller_demo.py and
 test_monitoring_demo.py.
 
-A reduced `make demo`: real servers, the router, the load generator, all three policies.
+A reduced `make demo`: real servers under their emulated CPU shares, the profiling step (cached in
+out/demo-profile.json), the planner, the router, the load generator, all three policies once (--reps 1).
 
 Uses the demo's default transport, prfaas_zmq (PRFAAS_DEMO_BACKEND=mooncake runs it over SGLang's
 mooncake_tcp instead). With root the remote prefill sits behind an emulated link.
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.sglang
 def test_reduced_demo_every_request_succeeds_and_both_routes_are_used(tmp_path):
     backend = os.environ.get("PRFAAS_DEMO_BACKEND", "prfaas_zmq")
     out = subprocess.run(
-        [sys.executable, "-m", "prfaas_sgl.tools.demo", "--sessions", "8", "--rate", "1.0", "--backend", backend,
+        [sys.executable, "-m", "prfaas_sgl.tools.demo", "--sessions", "8", "--reps", "1", "--backend", backend,
          "--no-shift", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=1200,
     )
@@ -40,5 +41,10 @@ def test_reduced_demo_every_request_succeeds_and_both_routes_are_used(tmp_path):
     naive = next(s for label, s in summary.items() if label.startswith("naive"))
     assert set(naive["routes"]) == {"prfaas"}
     assert "| metric |" in out.stdout  # the side-by-side table was printed
+    assert "| planner (measured profile) |" in out.stdout and "measured req/s, mean (min–max)" in out.stdout
+    assert "ordering stable over 1 repetition(s)" in out.stdout
+    measured = json.loads((tmp_path / "measured.json").read_text())
+    assert set(measured) == {"bandwidth_aware", "local_only", "all_remote"}
+    assert all(len(m["throughput_rps"]) == 1 and m["throughput_rps"][0] > 0 for m in measured.values())
     assert not subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.strip() \
         .count("prfaas-demo"), "the demo left its network namespace behind"

@@ -32,7 +32,7 @@ from prfaas_sgl.tools import netns
 from prfaas_sgl.tools.demo import hardware, measure, monitor, plan, profile, quick, shift
 from prfaas_sgl.tools.demo.live import LiveRouter, use_servers
 from prfaas_sgl.tools.demo.table import NOT_EMULATED, format_side_by_side
-from prfaas_sgl.tools.demo.topology import PHASES, DemoLink, Phase, deployment
+from prfaas_sgl.tools.demo.topology import EQUAL_COST, PHASES, DemoLink, Phase, deployment
 from prfaas_sgl.tools.deploy.up import Stack, resolve_model
 from prfaas_sgl.router.config import RouterConfig
 from prfaas_sgl.transfer.security import generate_keys
@@ -149,21 +149,31 @@ def planner_step(model: str, args, shared: bool) -> dict[str, plan.Prediction]:
     return preds
 
 
-def measured_phases(router: LiveRouter, dep, args, tokenizer: str, prom, preds) -> tuple[list, dict]:
-    """--reps rounds of the three policy phases, caches flushed before each run. Returns the last round's
-    (label, results) rows and the measured runs per policy."""
-    runs = {p.policy: measure.Runs(p.policy, p.label) for p in PHASES if not p.shift}
+def measured_phases(router: LiveRouter, stack: Stack, args, tokenizer: str, prom, preds,
+                    shared: bool) -> tuple[list, dict]:
+    """--reps rounds of the policy phases (the equal-cost one with shares only), caches flushed before each
+    run. Returns the last round's (label, results) rows and the measured runs per phase key."""
+    phases = [p for p in PHASES if not p.shift] + ([EQUAL_COST] if shared and not args.no_equal_cost else [])
+    runs = {p.key: measure.Runs(p.key, p.label) for p in phases}
     rows = []
     for rep in range(args.reps):
         rows = []
-        for i, phase in enumerate([p for p in PHASES if not p.shift], 1):
-            say(f"repetition {rep + 1}/{args.reps}, phase {i}/3: {phase.label} on {', '.join(phase.servers)}")
+        for i, phase in enumerate(phases, 1):
+            say(f"repetition {rep + 1}/{args.reps}, phase {i}/{len(phases)}: {phase.label} on "
+                f"{', '.join(phase.servers)}")
             router.call(lambda r: use_servers(r.cluster, phase.servers))
-            measure.flush_caches([s.url for s in dep.servers])
-            res = run_policy(router.url, tokenizer, args, args.out / f"rep{rep + 1}", phase.policy, prom,
-                             threshold=preds[phase.policy].threshold, concurrency=args.concurrency, warmup=2)
-            res["servers"] = servers_of(dep, phase.servers)
-            runs[phase.policy].add(res)
+            measure.flush_caches([s.url for s in stack.dep.servers])
+            for name in phase.merged:
+                stack.servers[name].cpu.set_cores(2 * stack.servers[name].cpu.share.cores)
+            try:
+                res = run_policy(router.url, tokenizer, args, args.out / f"rep{rep + 1}", phase.policy, prom,
+                                 name=phase.key, threshold=preds[phase.key].threshold,
+                                 concurrency=args.concurrency, warmup=2)
+            finally:
+                for name in phase.merged:
+                    stack.servers[name].cpu.cap()
+            res["servers"] = servers_of(stack.dep, phase.servers)
+            runs[phase.key].add(res)
             rows.append((phase.label, res))
     return rows, runs
 
@@ -184,6 +194,7 @@ def parse_args(argv):
     ap.add_argument("--slo-tpot", type=float, default=0.5, help="goodput SLO: TPOT seconds (CPU scale)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-shares", action="store_true", help="run every server unshared (no emulated hardware)")
+    ap.add_argument("--no-equal-cost", action="store_true", help="skip the equal-cost homogeneous phase")
     ap.add_argument("--profile-cache", type=Path, default=Path("out/demo-profile.json"),
                     help="the profiling step's cache (delete it to profile again)")
     ap.add_argument("--no-shift", action="store_true", help="skip the workload-shift phase (a restart under load "
@@ -217,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             router = LiveRouter(rcfg, shift.LengthRule((2, 1), threshold)).start()
             prom = monitor.start(stack.dep, args.out, say)
             tokenizer = f"{model}/tokenizer.json"
-            rows, runs = measured_phases(router, dep, args, tokenizer, prom, preds)
+            rows, runs = measured_phases(router, stack, args, tokenizer, prom, preds, shared)
             shift_phase = next(p for p in PHASES if p.shift)
             if not args.no_shift:
                 say(f"phase 4/4: {shift_phase.label} on {', '.join(shift_phase.servers)}")

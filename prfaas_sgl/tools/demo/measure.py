@@ -47,7 +47,7 @@ def flush_caches(urls: list[str]) -> None:
 
 
 def orderings(runs: dict[str, Runs]) -> list[tuple[str, ...]]:
-    """Per repetition, the policies from fastest to slowest."""
+    """Per repetition, the phases from fastest to slowest."""
     reps = len(next(iter(runs.values())).throughput)
     return [tuple(sorted(runs, key=lambda p: -runs[p].throughput[i])) for i in range(reps)]
 
@@ -56,7 +56,7 @@ def stability(runs: dict[str, Runs], preds: dict[str, Prediction]) -> str:
     """A plain sentence: the ordering across repetitions, and whether it is the planner's."""
     orders = orderings(runs)
     name = {p: runs[p].label for p in runs}
-    predicted = tuple(sorted(preds, key=lambda p: -preds[p].lam))
+    predicted = tuple(sorted(runs, key=lambda p: -preds[p].lam))
     say = lambda order: " > ".join(name[p] for p in order)  # noqa: E731
     if len(set(orders)) == 1:
         head = f"ordering stable over {len(orders)} repetition(s): {say(orders[0])}"

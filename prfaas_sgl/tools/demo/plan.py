@@ -7,6 +7,7 @@ evaluated on the servers its phase uses (topology.PHASES), the threshold t searc
     PrfaaS          1 compute-dense prefill + 1 local prefill / 1 decode   t = the planner's optimum
     homogeneous PD  2 local prefill / 1 decode (the remote slot as a local prefill)
     naive           1 compute-dense prefill, 0 local prefill / 1 decode (local-prefill-0 stays idle)
+    equal cost      3 local prefill / 1 decode (an H200 costs ~2 H20s: what PrfaaS's servers cost)
 """
 from __future__ import annotations
 
@@ -60,10 +61,13 @@ def predict(sys: System) -> dict[str, Prediction]:
     homo_sys = replace(sys, remote=None, n_remote=0, n_local=3)
     homo = stages(homo_sys, math.inf, 2, 1)
     naive = stages(sys, ALL_REMOTE_T, 0, 1)
+    equal_sys = replace(homo_sys, n_local=4)
     return {
         "bandwidth_aware": _prediction("PrfaaS", "1 + 1/1", sys, prfaas),
         "local_only": _prediction("homogeneous PD", "0 + 2/1", homo_sys, homo),
         "all_remote": _prediction("naive", "1 + 0/1", sys, naive),
+        "local_only_equal_cost": _prediction("homogeneous PD, equal cost", "0 + 3/1", equal_sys,
+                                             stages(equal_sys, math.inf, 3, 1)),
     }
 
 

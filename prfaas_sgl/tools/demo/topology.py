@@ -31,6 +31,12 @@ class Phase:
     policy: str
     servers: tuple[str, ...]  # the others are drained for this phase
     shift: bool = False  # the workload shifts mid-phase and the controller may move a local server
+    merged: tuple[str, ...] = ()  # servers whose CPU share doubles for this phase: two of their kind in one
+
+    @property
+    def key(self) -> str:
+        """Names the phase's measurements and prediction (the policy, unless two phases share it)."""
+        return self.policy + ("_equal_cost" if self.merged else "")
 
 
 PHASES = (
@@ -40,6 +46,12 @@ PHASES = (
     Phase("workload shift + controller", "bandwidth_aware",
           ("prfaas-0", "local-prefill-0", "local-prefill-1", "decode-0"), shift=True),
 )
+
+# The paper's equal-cost comparison, where an H200 costs about 2 H20s (docs/simulation.md): PrfaaS's 1 H200-like
+# + 2 H20-like servers buy 4 H20-like ones, 3 prefill + 1 decode. The third prefill server is local-prefill-1's
+# share doubled for the phase (two H20-like prefill servers in one process).
+EQUAL_COST = Phase("homogeneous PD at equal cost (4 H20-like)", "local_only",
+                   ("local-prefill-0", "local-prefill-1", "decode-0"), merged=("local-prefill-1",))
 
 
 @dataclass(frozen=True)
