@@ -12,6 +12,7 @@ from typing import Callable
 from prfaas_sgl.router.actuators.supervisor import AlreadyRunning
 from prfaas_sgl.router.config import InstanceSpec
 from prfaas_sgl.router.policy import Pool
+from prfaas_sgl.tools.cpu_share import CpuShare
 from prfaas_sgl.tools.deploy.keeper import Keeper
 from prfaas_sgl.tools.launch import ManagedProcess, ServerSpec, SGLangServer, free_port
 
@@ -24,13 +25,16 @@ class LaunchedServers:
     decode binds ``decode_host`` when given (the demo's decode listens on the link's address, so the remote
     prefill can reach it). With a ``keeper`` a stopped server leaves its watch and a started one joins it, so
     a deliberate stop is never undone by a crash restart. A start of a server that runs, or that the keeper
-    will restart, raises ``AlreadyRunning``: replacing it would orphan the old process.
+    will restart, raises ``AlreadyRunning``: replacing it would orphan the old process. ``share_for`` gives a
+    server that had a CPU share the share of its new pool (the demo's emulated hardware: an H20-like server
+    that decodes now is bound by memory bandwidth, not compute).
     """
 
     def __init__(self, servers: dict, health_timeout_s: float = 600.0, decode_host: str | None = None,
-                 make: Callable[[ServerSpec], ManagedProcess] = SGLangServer, keeper: Keeper | None = None) -> None:
+                 make: Callable[[ServerSpec], ManagedProcess] = SGLangServer, keeper: Keeper | None = None,
+                 share_for: Callable[[Pool], CpuShare] | None = None) -> None:
         self.servers, self.health_timeout_s, self.decode_host = servers, health_timeout_s, decode_host
-        self.make, self.keeper = make, keeper
+        self.make, self.keeper, self.share_for = make, keeper, share_for
         self.restarts = 0
 
     def owns(self, name: str) -> bool:
@@ -65,5 +69,6 @@ class LaunchedServers:
         self.restarts += 1
         log_path = f"{old.log_path or f'/tmp/prfaas-{name}.log'}.{self.restarts}-{mode}.log"
         # fresh ports: the stopped server's may still be held (TIME_WAIT, a child not yet reaped)
+        cpu = self.share_for(pool) if self.share_for is not None and old.cpu is not None else old.cpu
         return dataclasses.replace(old, mode=mode, host=host, port=free_port(host), log_path=log_path,
-                                   bootstrap_port=free_port() if mode == "prefill" else None)
+                                   bootstrap_port=free_port() if mode == "prefill" else None, cpu=cpu)

@@ -112,3 +112,47 @@ def test_a_cached_profile_is_reused_and_a_changed_key_measures_again(tmp_path, m
     assert len(calls) == 1  # cached
     profile.load_or_measure(model, cache, tmp_path / "log", lambda m: None, shared=False)
     assert len(calls) == 2  # the unshared fallback is another profile
+
+
+def test_flushing_caches_asks_each_server_to_wait_for_idle_and_names_a_refusal():
+    import http.server
+    import threading
+
+    seen = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append(self.path)
+            busy = self.server.server_port == ports[1]
+            self.send_response(400 if busy else 200)
+            self.end_headers()
+            self.wfile.write(b"still running" if busy else b"Cache flushed.")
+
+        def log_message(self, *a):
+            pass
+
+    servers = [http.server.HTTPServer(("127.0.0.1", 0), H) for _ in range(2)]
+    ports = [s.server_port for s in servers]
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    try:
+        measure.flush_caches([f"http://127.0.0.1:{ports[0]}"], wait_s=5)
+        assert seen == ["/flush_cache?timeout=5"]
+        with pytest.raises(RuntimeError, match=rf"127.0.0.1:{ports[1]}/flush_cache refused \(400\): still running"):
+            measure.flush_caches([f"http://127.0.0.1:{p}" for p in ports], wait_s=5)
+    finally:
+        for s in servers:
+            s.shutdown()
+
+
+def test_a_role_switch_gives_an_emulated_server_the_share_of_its_new_pool():
+    from prfaas_sgl.tools.launch import ServerSpec
+    from prfaas_sgl.tools.server_control import LaunchedServers
+
+    old = ServerSpec(model_path="/m", port=1, mode="prefill", bootstrap_port=2,
+                     cpu=hardware.pool_share("local_prefill"))
+    assert LaunchedServers({}, share_for=hardware.pool_share)._respec("lp", old, "decode").cpu == \
+        hardware.pool_share("decode")
+    assert LaunchedServers({})._respec("lp", old, "decode").cpu == old.cpu  # prfaas up: the file's share stays
+    unshared = ServerSpec(model_path="/m", port=1, mode="prefill", bootstrap_port=2)
+    assert LaunchedServers({}, share_for=hardware.pool_share)._respec("lp", unshared, "decode").cpu is None

@@ -103,7 +103,7 @@ def run_shift(router: LiveRouter, stack: Stack, link: DemoLink, phase: Phase, ar
     from prfaas_sgl.router.controller_glue import close_loop
     from prfaas_sgl.tools.server_control import LaunchedServers
 
-    control = LaunchedServers(stack.servers, decode_host=link.local_ip)
+    control = LaunchedServers(stack.servers, decode_host=link.local_ip, share_for=hardware.pool_share)
     acting = router.call(lambda r: close_loop(r, lambda cluster, report: ProcessesActuator(
         cluster, control, report), DecideConfig(confirm=2, dwell_s=0.0)))
     router.controller.active = True
@@ -116,7 +116,7 @@ def run_shift(router: LiveRouter, stack: Stack, link: DemoLink, phase: Phase, ar
                     time.sleep(1)
             say(f"  {label}")
             res = run_policy(router.url, tokenizer, args, args.out, phase.policy, prom, name=f"shift-{label[0]}",
-                             num_sessions=max(2, int(args.sessions * mult)), **kw)
+                             num_sessions=max(2, int(args.shift_sessions * mult)), **kw)
             res["servers"] = router.call(lambda r: "1 + {0.prefill}/{0.decode}".format(acting.actuator.current()))
             parts.append((label, res))
     finally:
@@ -185,6 +185,7 @@ def parse_args(argv):
     ap.add_argument("--reps", type=int, default=3, help="repetitions of the three measured policies")
     ap.add_argument("--concurrency", type=int, default=8, help="requests in flight in a measured run (closed loop)")
     ap.add_argument("--rate", type=float, default=0.5, help="shift phase: Poisson arrivals, requests/s")
+    ap.add_argument("--shift-sessions", type=int, default=24, help="shift phase: its parts A / B / C send this x 0.5 / 2 / 0.5 requests")
     ap.add_argument("--scale", type=float, default=1 / 64, help="scale of the paper's lengths")
     ap.add_argument("--threshold", type=int, default=300, help="t in tokens when the planner gives none "
                     "(paper 19.4K x 1/64)")

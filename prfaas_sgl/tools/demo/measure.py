@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
@@ -38,12 +39,16 @@ class Runs:
         return f"{self.mean():.2f} ({min(self.throughput):.2f}–{max(self.throughput):.2f})"
 
 
-def flush_caches(urls: list[str]) -> None:
-    """POST /flush_cache to each server (SGLang refuses while requests run; the demo calls it between runs)."""
+def flush_caches(urls: list[str], wait_s: float = 30.0) -> None:
+    """POST /flush_cache to each server. SGLang flushes only when no request runs or waits; `timeout` lets it
+    wait that long for idle (a decode may still be finishing the last run's streams)."""
     for url in urls:
-        req = urllib.request.Request(url + "/flush_cache", b"", method="POST")
-        with urllib.request.urlopen(req, timeout=30) as r:
-            r.read()
+        req = urllib.request.Request(f"{url}/flush_cache?timeout={wait_s:g}", b"", method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=wait_s + 10) as r:
+                r.read()
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"{url}/flush_cache refused ({e.code}): {e.read().decode(errors='replace')}") from e
 
 
 def orderings(runs: dict[str, Runs]) -> list[tuple[str, ...]]:
