@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 from prfaas_sgl.cliargs import add_fields, build, knob, nested
-from prfaas_sgl.transfer.config import TransferConfig
+from prfaas_sgl.transfer.config import LayerwiseConfig, TransferConfig
 
 ROLES = ("none", "remote", "local")
 
@@ -26,6 +26,8 @@ class PrfaasConfig:
     transfer: TransferConfig = nested(TransferConfig(), {
         "connections": "zmq_connections", "chunk_bytes": "zmq_chunk_bytes", "window_bytes": "zmq_window_bytes",
         "timeout_s": "zmq_timeout_s"})
+    layerwise: LayerwiseConfig = nested(LayerwiseConfig(), {
+        "layers_per_group": "layerwise_layers_per_group", "min_tokens": "layerwise_min_tokens"})
     # Not TransferConfig.keys_dir: the directory also holds register.secret, and "" (no keys) is checked
     # against --prfaas-zmq-insecure and the listen address (srt/backend/settings.py sets keys_dir from it).
     zmq_curve_keys: str = knob(

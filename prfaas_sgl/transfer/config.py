@@ -134,6 +134,34 @@ class TransferConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LayerwiseConfig:
+    """Layer-group streaming of a prefill chunk's K/V (`transfer/gates.py`, `srt/backend/layerwise.py`).
+
+    layers_per_group: full-attention layers whose K/V leave together as soon as the last of them ran;
+        0 = off: every chunk leaves after its forward (the chunk path).
+    min_tokens: prompts shorter than this keep the chunk path, and so does every batch holding one
+        (a short prompt's forward is too short for its groups to overlap with anything).
+    """
+
+    layers_per_group: int = knob(0, "Layer-wise KV streaming on a prfaas_zmq prefill: full-attention layers "
+                                    "per group that leaves while later layers compute (0 = off: each chunk "
+                                    "leaves after its forward).")
+    min_tokens: int = knob(4096, "Layer-wise streaming only for prompts of at least this many tokens; batches "
+                                 "with a shorter prompt keep the chunk path.")
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.layers_per_group <= 1024:
+            raise FieldError("layers_per_group", f"layers_per_group={self.layers_per_group}: use 0 (off) or "
+                             "1..1024 layers per group")
+        if self.min_tokens < 1:
+            raise FieldError("min_tokens", f"min_tokens={self.min_tokens}: use >= 1 token")
+
+    @property
+    def on(self) -> bool:
+        return self.layers_per_group > 0
+
+
+@dataclass(frozen=True, slots=True)
 class PeerInfo:
     """Where a receiver listens. `server_key` is its CURVE public key (z85 text) when CURVE is on."""
 

@@ -43,6 +43,9 @@ class LayerGate:
         self._lock = threading.Lock()
         self._open = False
         self._listeners: list[Callable[[], None]] = []
+        # True until the forward that writes this group returned (set by its maker): the sender counts
+        # the group sends it staged before then, the ones that overlapped with compute
+        self.forward_running = True
 
     @property
     def is_open(self) -> bool:

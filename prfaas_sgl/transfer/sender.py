@@ -281,6 +281,7 @@ class ZmqSender(SocketLoop):
         opened, expired = self._parking.due(now)
         for p in opened:
             self._staging().submit(p.plans)  # plans of transfers ended meanwhile are CANCELLED: skipped
+            self.stats.count("group_sends_in_forward" if p.gate.forward_running else "group_sends_after_forward")
         for p in expired:
             t = self._book.transfers.get(p.tid)
             if t is not None and not t.state.terminal:

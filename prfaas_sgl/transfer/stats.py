@@ -199,6 +199,16 @@ class StatsBook:
         self._lock = threading.Lock()
         self._retired = {"bytes_total": 0, "transfers_done": 0}
         self._retired_failures: collections.Counter[str] = collections.Counter()
+        self._layerwise: collections.Counter[str] = collections.Counter()  # layer-group streaming events
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Layer-group streaming counters (`layerwise` in both snapshots), e.g. gates opened in a forward."""
+        with self._lock:
+            self._layerwise[name] += n
+
+    def layerwise(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._layerwise)
 
     def link(self, peer: str) -> LinkStats:
         with self._lock:
@@ -232,7 +242,7 @@ class StatsBook:
         with self._lock:
             links = list(self._links.values())
         now = time.monotonic()
-        return {"time_s": now, "links": {s.peer: s.snapshot(now) for s in links}}
+        return {"time_s": now, "links": {s.peer: s.snapshot(now) for s in links}, "layerwise": self.layerwise()}
 
     def aggregate_snapshot(self) -> dict:
         """`snapshot()` with every destination summed into one link named "*" (no peer addresses); what
@@ -255,7 +265,7 @@ class StatsBook:
             "transfer_latency_s": _merged([x["transfer_latency_s"] for x in snaps]),
             "transfers_done": retired["transfers_done"] + sum(x["transfers_done"] for x in snaps),
             "failures": dict(failures),
-        }}}
+        }}, "layerwise": self.layerwise()}
 
 
 def _merged(summaries: list[dict]) -> dict:

@@ -89,6 +89,20 @@ class KVMemory:
                 f"{len(self.aux_ids)} aux buffers")
 
 
+def stager_sync(device: str, wait_event: Any = None, indices_event: Any = None) -> dict:
+    """ItemBatch `events`/`ready` of a piece the scheduler thread queues: `wait_event` (the forward may
+    still write it), an event on the current stream (defence in depth on CUDA: whatever the scheduler's
+    stream still has queued) and `indices_event` (pinned page ids still being copied from the GPU)."""
+    events = [wait_event] if wait_event is not None else []
+    if device != "cpu":
+        import torch
+
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream())
+        events.append(ev)
+    return {"events": tuple(events), "ready": indices_event.synchronize if indices_event is not None else None}
+
+
 def registered(ptr: int, nbytes: int, item_len: int) -> tuple[int, int] | Strided:
     """One of KVArgs' buffers as the transport takes it: strided where its pool recorded a row stride
     (`srt.buf_infos`: the unified pool's slab views), else packed (address, nbytes)."""

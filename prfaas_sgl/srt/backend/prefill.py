@@ -19,10 +19,12 @@ from sglang.srt.environ import envs
 
 from prfaas_sgl.srt.backend import control
 from prfaas_sgl.srt.backend.admission import Admission, PeerBook, same_host
+from prfaas_sgl.srt.backend.layerwise import make_streamer
 from prfaas_sgl.srt.backend.manager import PrfaasKVManager
-from prfaas_sgl.srt.backend.memory import index_len, transfer_id
-from prfaas_sgl.srt.backend.rooms import Unstarted, join_problem
-from prfaas_sgl.srt.backend.tp import WHOLE, Pairing, layout_problem, pairing, with_state_runs
+from prfaas_sgl.srt.backend.memory import index_len, stager_sync, transfer_id
+from prfaas_sgl.srt.backend.rooms import Unstarted, join_problem, page_overflow
+from prfaas_sgl.srt.backend.tp import (WHOLE, Pairing, head_bytes, layout_problem, pairing, total_kv_heads,
+                                      with_state_runs)
 from prfaas_sgl.srt.backend.tp_state import Side
 from prfaas_sgl.srt.backend.settings import faults_from_env, offset_port
 from prfaas_sgl.transfer.config import PeerInfo
@@ -45,6 +47,7 @@ class _Outgoing:
 
 
 class PrefillManager(PrfaasKVManager):
+    layerwise = None  # layerwise.LayerwiseStreamer when layer-group streaming is on; None: the chunk path
     def __init__(self, args, disaggregation_mode, server_args, is_mla_backend=False, *, transport=None):
         super().__init__(args, disaggregation_mode, server_args, is_mla_backend, transport=transport)
         stats = offset_port(self.prfaas_config.zmq_stats_port, args.engine_rank) or None
@@ -60,6 +63,9 @@ class PrefillManager(PrfaasKVManager):
         self._open: dict[int, _Outgoing] = {}
         self._lock = threading.Lock()
         self._unstarted = Unstarted()
+        self.layerwise = make_streamer(self.prfaas_config.layerwise, args, self.memory, bool(is_mla_backend),
+                                       self.transfer_config.timeout_s, getattr(self.sender, "stats", None),
+                                       cp_split=bool(getattr(self, "enable_all_cp_ranks_for_transfer", False)))
         self.fatal_sources.append(lambda: self.sender.worker_fatal)  # the stager and stats threads
         self._start(self._control_loop, "prfaas-zmq-control")
         self._start(self._watch_loop, "prfaas-zmq-watch")
@@ -86,30 +92,57 @@ class PrefillManager(PrfaasKVManager):
             reason = f"prfaas_zmq: no decode destination for room {room}"
             self.conclude_failure(bootstrap_room=room, failure_reason=reason)
             return
-        npages = index_len(kv_indices)
-        sync = self._sync(wait_event, indices_event)
-        sent = False
+        if self.layerwise is not None:  # pages its layer groups queued before the forward go no second time
+            kv_indices, index_slice = self.layerwise.trim(room, kv_indices, index_slice)
+            if not index_len(kv_indices) and not is_last_chunk:
+                return
+        sync = stager_sync(self.memory.device, wait_event, indices_event)
+        sent = self._send_pieces(room, infos, kv_indices, index_slice, sync, (state_indices, aux_index), is_last_chunk)
+        if sent is None:
+            return
+        if self.layerwise is not None:
+            self.layerwise.note_queued(room, index_slice.stop)
+        if is_last_chunk and not sent and room not in self._open:
+            self.update_status(room, KVPoll.Success)  # nothing of ours goes to these decode ranks
+        else:
+            self.update_status(room, KVPoll.Transferring)
+
+    def stream_groups(self, room: int, pages, page_from: int, split, indices_event=None) -> None:
+        """Queue transfer pages [page_from, page_from + len(pages)) of `room` before the forward that
+        writes them, `split` into layer-group batches behind their gates (layerwise_hooks)."""
+        infos = self.transfer_infos.get(room)
+        if not infos or self.request_status.get(room) in (None, KVPoll.Failed):
+            return
+        n = index_len(pages)
+        sync = stager_sync(self.memory.device, None, indices_event)
+        if self._send_pieces(room, infos, pages, slice(page_from, page_from + n), sync, (None, None), False,
+                             split) is not None:
+            self.layerwise.note_queued(room, page_from + n)
+            self.layerwise.streamed(n)
+
+    def _send_pieces(self, room: int, infos: dict, kv_indices, index_slice: slice, sync: dict, tail: tuple,
+                     last: bool, split=None) -> bool | None:
+        """Send a piece of `room` to each of its decode ranks: pages, and with `last` the `tail` (state
+        indices, aux row). Whether anything went; None when the room failed here."""
+        npages, sent = index_len(kv_indices), False
         for session, info in list(infos.items()):
             if info.is_dummy:
                 continue
             problem = self._problem(session, info, index_slice, npages)  # before pairing: a refused peer's
             if problem:                                                  # state shapes need not shard
                 self.conclude_failure(bootstrap_room=room, failure_reason=problem)
-                return
+                return None
             try:  # peer values drive the slicing: whatever they break fails this room, not the scheduler
-                batch = self._plan(session, kv_indices, state_indices, aux_index, is_last_chunk, sync)
-                if batch is not None:
-                    self._send(room, session, info, batch, is_last_chunk)
+                batch = self._plan(session, kv_indices, *tail, last, sync)
+                for part in () if batch is None else split(batch) if split else (batch,):
+                    self._send(room, session, info, part, last)
                     sent = True
             except Exception as e:
                 log.exception("prfaas_zmq: room %s to decode %s failed", room, session)
                 self.conclude_failure(bootstrap_room=room, failure_reason=f"prfaas_zmq: cannot send room {room} "
                                       f"to decode {session}: {type(e).__name__}: {e}")
-                return
-        if is_last_chunk and not sent and room not in self._open:
-            self.update_status(room, KVPoll.Success)  # nothing of ours goes to these decode ranks
-        else:
-            self.update_status(room, KVPoll.Transferring)
+                return None
+        return sent
 
     def _plan(self, session: str, kv_indices, state_indices, aux_index, last: bool, sync: dict):
         """The items of this chunk that go to decode `session`, or None when nothing does (a KV replica
@@ -121,17 +154,6 @@ class PrefillManager(PrfaasKVManager):
                                   aux_index if last and pair.aux else None, head=pair.src, **sync)
         return with_state_runs(batch, pair, self.state_ids, Side.PREFILL)
 
-    def _sync(self, wait_event, indices_event) -> dict:
-        """What the stager must wait for before reading this chunk (see add_transfer_request)."""
-        events = [wait_event] if wait_event is not None else []
-        if self.memory.device != "cpu":
-            import torch  # defence in depth: whatever the scheduler's stream still has queued
-
-            ev = torch.cuda.Event()
-            ev.record(torch.cuda.current_stream())
-            events.append(ev)
-        return {"events": tuple(events), "ready": indices_event.synchronize if indices_event is not None else None}
-
     def _pairing(self, session: str) -> Pairing:
         """What this rank sends to decode `session` (whole items if it is not registered; _send fails it)."""
         peer = self.peers.get(session)
@@ -141,25 +163,17 @@ class PrefillManager(PrfaasKVManager):
         if peer.attn_tp_size == my_tp or getattr(self, "is_mla_backend", False):
             return WHOLE
         # states that cannot be sliced (`problem`) have no tensors: such a peer was refused at Register
-        return pairing(my_tp, peer.attn_tp_size, self._src_rank, peer.tp_rank, self._total_heads(my_tp),
-                       self.kv_args.page_size, self._head_bytes(my_tp), self.state_shapes.tensors)
+        return pairing(my_tp, peer.attn_tp_size, self._src_rank, peer.tp_rank, total_kv_heads(self.kv_args, my_tp),
+                       self.kv_args.page_size, head_bytes(self.memory, self.kv_args, my_tp), self.state_shapes.tensors)
 
     @property
     def _src_rank(self) -> int:
         return int(getattr(self, "attn_tp_rank", 0) or 0)
 
-    def _total_heads(self, tp: int) -> int:
-        total = int(getattr(self.kv_args, "total_kv_head_num", 0) or 0)
-        return total or int(getattr(self.kv_args, "kv_head_num", 0) or 0) * tp
-
-    def _head_bytes(self, tp: int) -> int:
-        item = self.memory.layout.buffers[self.memory.kv_ids[0]].item_len
-        return item // (self.kv_args.page_size * max(1, self._total_heads(tp) // tp))
-
     def _problem(self, session: str, info: control.Metadata, index_slice: slice, npages: int) -> str | None:
         if session not in self.peers:
             return f"decode {session} sent metadata for room {info.room} {self.peers.unregistered(session)}"
-        return _overflow(info, index_slice, npages)
+        return page_overflow(info, index_slice, npages)
 
     @property
     def rejections(self) -> dict[str, str]:
@@ -260,7 +274,7 @@ class PrefillManager(PrfaasKVManager):
         if msg.attn_tp_size == my_tp or getattr(self, "is_mla_backend", False):
             return self.memory.layout.mismatch(msg.layout)
         # K/V head slices and state byte runs between TP sizes (tp.py)
-        return layout_problem(self.memory.layout, msg.layout, my_tp, msg.attn_tp_size, self._total_heads(my_tp),
+        return layout_problem(self.memory.layout, msg.layout, my_tp, msg.attn_tp_size, total_kv_heads(self.kv_args, my_tp),
                               self.kv_args.page_size, self.state_shapes)
 
     def _on_metadata(self, frames: list[bytes], msg: control.Metadata, peer_ip: str | None) -> None:
@@ -355,6 +369,8 @@ class PrefillManager(PrfaasKVManager):
                 self._open.pop(out.room)
             out.dropped = True
             tids = list(out.tids)
+        if self.layerwise is not None:
+            self.layerwise.forget(out.room)  # the watch thread; the scheduler thread is done with the room
         for tid in tids:
             try:
                 self.sender.release(tid)  # aborts a transfer that is still running, tells the receiver
@@ -374,18 +390,10 @@ class PrefillManager(PrfaasKVManager):
                 self.failure_records.pop(room, None)
 
 
+
 def _peer_ip(frame) -> str | None:
     """The TCP peer a control message came from (libzmq's Peer-Address), None when not known."""
     try:
         return frame.get("Peer-Address")
     except (zmq.ZMQError, AttributeError):
         return None
-
-
-def _overflow(info: control.Metadata, index_slice: slice, npages: int) -> str | None:
-    """Pages [start, stop) of this chunk must exist among the decode's allocated pages."""
-    start = index_slice.start or 0
-    if start + npages > info.npages:
-        return (f"prefill sends pages [{start}, {start + npages}) of room {info.room} but decode "
-                f"{info.session} allocated {info.npages} pages (different prompt length or page size?)")
-    return None

@@ -104,3 +104,12 @@ class Unstarted:
 
     def of_host(self, host: str) -> int:
         return self._per_host.get(host, 0)
+
+
+def page_overflow(info: control.Metadata, index_slice: slice, npages: int) -> str | None:
+    """Why pages [start, start + npages) of a chunk are not among the decode's allocated pages, or None."""
+    start = index_slice.start or 0
+    if start + npages > info.npages:
+        return (f"prefill sends pages [{start}, {start + npages}) of room {info.room} but decode "
+                f"{info.session} allocated {info.npages} pages (different prompt length or page size?)")
+    return None

@@ -5,7 +5,9 @@
   tokenizer and bootstrap service, and compares members with `==`; the registry rebinds every module
   that imported the old enum, so all comparisons see the same members);
 - `--disaggregation-transfer-backend prfaas_zmq` as a CLI choice;
-- AROUND `disaggregation.utils.get_kv_class`: our classes for PRFAAS_ZMQ, SGLang's for the rest.
+- AROUND `disaggregation.utils.get_kv_class`: our classes for PRFAAS_ZMQ, SGLang's for the rest;
+- AROUND `Scheduler.run_batch`: layer-group streaming (`layerwise_hooks`), a pass-through unless a
+  prfaas_zmq prefill runs with `--prfaas-layerwise-layers-per-group`.
 
 Every other place SGLang tests the backend name (`== "mooncake"` for staging buffers, HiSparse, DCP,
 layer split, unified memory, prefill_complete allocation) concerns features prfaas_zmq does not offer,
@@ -29,6 +31,9 @@ def register(HookRegistry, HookType) -> None:
     if MEMBER not in utils.TransferBackend.__members__:
         HookRegistry.register(f"{_UTILS}.TransferBackend", extend_enum(utils.TransferBackend), HookType.REPLACE)
     HookRegistry.register(f"{_UTILS}.get_kv_class", _around_get_kv_class, HookType.AROUND)
+    from prfaas_sgl.srt.backend import layerwise_hooks  # inert unless a prefill's streamer is on
+
+    layerwise_hooks.register(HookRegistry, HookType)
 
 
 def extend_enum(original: type[enum.Enum]) -> type[enum.Enum]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from prfaas_sgl.srt.backend.tp_state import Side, StateRuns, StateShapes, StateTensor, first_source, state_runs
 from prfaas_sgl.transfer.items import HeadSlice, ItemBatch, Items, Slice
@@ -165,3 +166,15 @@ def _state_problem(theirs: MemoryLayout, my_tp: int, their_tp: int, ids: list[in
             return (f"state buffer {b}: {states[b].item_len} B slots (TP {my_tp}, dim {states[b].dim}) do not "
                     f"shard into the peer's {theirs.buffers[b].item_len} B slots (TP {their_tp})")
     return None
+
+
+def total_kv_heads(kv_args: Any, tp: int) -> int:
+    """KV heads of the model: SGLang's `total_kv_head_num`, else this rank's `kv_head_num` times `tp`."""
+    total = int(getattr(kv_args, "total_kv_head_num", 0) or 0)
+    return total or int(getattr(kv_args, "kv_head_num", 0) or 0) * tp
+
+
+def head_bytes(memory: Any, kv_args: Any, tp: int) -> int:
+    """Bytes of one KV head of one token in `memory`'s first K/V buffer (rank of a `tp`-way model)."""
+    item = memory.layout.buffers[memory.kv_ids[0]].item_len
+    return item // (kv_args.page_size * max(1, total_kv_heads(kv_args, tp) // tp))
