@@ -98,8 +98,8 @@ class FullAttentionManager(GroupManager):
                 continue
             first, last = run[0], run[-1]
             parent = hashes[first - 1] if first else None
-            self.events.stored(self.name, hashes[first:last + 1], parent,
-                               list(token_ids[first * bs:(last + 1) * bs]), bs)
+            self.events.stored(self.name, hashes[first:last + 1], parent, token_ids,
+                               (first * bs, (last + 1) * bs), bs)
             run = [i]
 
     def release(self, st: PagedState) -> None:

@@ -18,12 +18,15 @@ from .specs import GroupSpec, PoolLayoutError
 class PoolConfig:
     """num_blocks: blocks in the shared pool. block_size: tokens per attention block.
     enable_events: record BlockStored/BlockRemoved events for a router's prefix index.
+    event_token_ids: BlockStored carries its blocks' token ids (a router rehashes them); off for a
+        reader of hashes only.
     hash_seed: parent hash of the first block (namespaces the chain, e.g. per model)."""
 
     num_blocks: int
     block_size: int
     groups: tuple[GroupSpec, ...]
     enable_events: bool = False
+    event_token_ids: bool = True
     hash_seed: int = 0
     block_bytes: int = field(init=False, default=0)
 

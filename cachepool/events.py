@@ -8,6 +8,7 @@ checkpoint boundary and whose token_ids are that last block's tokens.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Optional, Union
 
 import msgspec
@@ -49,17 +50,21 @@ class EventBatch(msgspec.Struct, array_like=True, gc=False):
 
 
 class EventLog:
-    """Buffer of events since the last drain(); disabled logs record nothing and cost one branch."""
+    """Buffer of events since the last drain(); disabled logs record nothing and cost one branch.
+    with_tokens=False leaves BlockStored.token_ids empty: a reader that keys on hashes alone (the SGLang
+    backend's mirror) then costs no Python int per stored token (8,192 per 8K-token chunk)."""
 
-    __slots__ = ("enabled", "_events")
+    __slots__ = ("enabled", "with_tokens", "_events")
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
+    def __init__(self, enabled: bool, with_tokens: bool = True) -> None:
+        self.enabled, self.with_tokens = enabled, with_tokens
         self._events: list[AnyEvent] = []
 
-    def stored(self, group: str, hashes: list[int], parent: Optional[int], token_ids: list[int],
-               block_size: int) -> None:
-        self._events.append(BlockStored(hashes, parent, token_ids, block_size, None, group=group))
+    def stored(self, group: str, hashes: list[int], parent: Optional[int], token_ids: Sequence[int],
+               span: tuple[int, int], block_size: int) -> None:
+        """The blocks `hashes`, whose tokens are token_ids[span[0]:span[1]]."""
+        tokens = list(token_ids[span[0]:span[1]]) if self.with_tokens else []
+        self._events.append(BlockStored(hashes, parent, tokens, block_size, None, group=group))
 
     def removed(self, group: str, hashes: list[int]) -> None:
         self._events.append(BlockRemoved(hashes, group=group))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Sequence
+from typing import Optional
 
 import numpy as np
 import xxhash
@@ -24,7 +25,7 @@ def block_hashes(token_ids: Sequence[int], block_size: int, seed: int = 0) -> li
     n = len(token_ids) // block_size
     if n == 0:
         return []
-    data = memoryview(_packed(token_ids[:n * block_size]))
+    data = _packed(token_ids[:n * block_size])
     step = block_size * _TOKEN_BYTES
     out: list[int] = []
     parent = seed
@@ -59,17 +60,20 @@ def hashes_until_miss(token_ids: Sequence[int], block_size: int, hashes: list[in
         done = end
 
 
-def _packed(token_ids: Sequence[int]) -> bytes:
-    """Token ids as native uint32 bytes. An array (SGLang keeps token ids in array("q")) goes
-    through numpy, ~3x faster than a per-token conversion; a list is fastest through array("I")."""
+def _packed(token_ids: Sequence[int]) -> memoryview:
+    """Token ids as native uint32 bytes, without a copy past the conversion. An array (SGLang keeps
+    token ids in array("q")) goes through numpy, ~3x faster than a per-token conversion; a list is
+    fastest through array("I")."""
     if isinstance(token_ids, array):
-        return np.frombuffer(token_ids, dtype=token_ids.typecode).astype(np.uint32).tobytes()
-    return array("I", token_ids).tobytes()
+        return memoryview(np.frombuffer(token_ids, dtype=token_ids.typecode).astype(np.uint32)).cast("B")
+    return memoryview(array("I", token_ids)).cast("B")
 
 
-def extend_hashes(hashes: list[int], token_ids: Sequence[int], block_size: int, seed: int = 0) -> None:
+def extend_hashes(hashes: list[int], token_ids: Sequence[int], block_size: int, seed: int = 0,
+                  limit: Optional[int] = None) -> None:
     """Append hashes for the full blocks of token_ids not hashed yet, chained from hashes[-1]
-    (decode growth, a prefill's next chunk). Mutates hashes; O(new blocks).
+    (decode growth, a prefill's next chunk), up to `limit` blocks in all if given. Mutates hashes;
+    O(new blocks).
 
     tokens  [0 ....... done*bs)[done*bs ......... full)[tail]
     hashes   hashes (given)     appended here
@@ -77,6 +81,8 @@ def extend_hashes(hashes: list[int], token_ids: Sequence[int], block_size: int, 
     done = len(hashes)
     start = done * block_size
     full = (len(token_ids) // block_size) * block_size
+    if limit is not None:
+        full = min(full, limit * block_size)
     if full <= start:
         return
     parent = hashes[-1] if hashes else seed

@@ -113,7 +113,7 @@ class LinearStateManager(GroupManager):
         if self.events.enabled:
             bs = self.block_size
             parent = hashes[b - 2] if b >= 2 else None
-            self.events.stored(self.name, [h], parent, list(token_ids[(b - 1) * bs:b * bs]), bs)
+            self.events.stored(self.name, [h], parent, token_ids, ((b - 1) * bs, b * bs), bs)
 
     def release(self, st: LinearRequestState) -> None:
         for b in sorted(st.pending, reverse=True):

@@ -40,7 +40,7 @@ class HybridCachePool:
     def __init__(self, cfg: PoolConfig) -> None:
         self.cfg = cfg
         self.blocks = BlockPool(cfg.num_blocks)
-        self.events = EventLog(cfg.enable_events)
+        self.events = EventLog(cfg.enable_events, cfg.event_token_ids)
         self.managers = tuple(
             manager_class(g.kind)(g, cfg, self.blocks, self.events) for g in cfg.groups)
         self._by_name = {m.name: m for m in self.managers}

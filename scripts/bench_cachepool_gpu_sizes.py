@@ -12,6 +12,16 @@ with distinct `--fill-prompt`-token requests to ~95 % of the slots, then measure
               release, its first match (cold) and a repeat match (warm hit), ms
   hashing     block hashes of --hash-lengths tokens from scratch (array("q") ids, as SGLang passes them),
               and the sum over a request's checkpoints when each hashes its prefix from scratch (before)
+  mix         --mix-requests seeded requests served one after another on the filled cache (scripts/
+              _cachepool_mix.py): short questions after shared system prompts, long documents, multi-turn
+              conversations; the scheduler-thread time of each request's cache calls (match, lock,
+              allocate/evict, every checkpoint, release), ms mean / p50 / p99 per kind, and hit tokens
+
+Times are the scheduler thread's CPU time (`--clock cpu`, time.thread_time) with torch on one intra-op
+thread (`--threads 1`): on a machine shared with other jobs, wall time also counts the time the thread
+waits for a core, and a parallel torch region waits for a second core held by another process (16 ms
+stalls measured on 8K-element gathers at load 2 on 2 cores); `--clock wall --threads 0` measures that
+instead (0: torch's default). Matches are the median of --match-calls calls.
 
 "before" is our code at --base-rev (extracted with `git archive` and imported in a worker process in
 its place), "after" the working tree, "sglang" `UnifiedRadixCache` FULL+MAMBA (what 0.5.23 builds for
@@ -53,8 +63,11 @@ def use_code(root: str) -> None:
         spec.loader.exec_module(mod)
 
 
+NOW = time.thread_time  # see the module doc: --clock
+
+
 def ms(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1e3
+    return (NOW() - t0) * 1e3
 
 
 def prompt(i: int, n: int) -> array:
@@ -107,7 +120,8 @@ class Ours:
         from sglang.srt.mem_cache.radix_cache import RadixKey
         return self.cache.match_prefix(MatchPrefixParams(key=RadixKey(ids[:-1]), req=req, cow_mamba=req is not None))
 
-    def serve(self, ids: array, rid: str, times: dict | None = None) -> None:
+    def serve(self, ids: array, rid: str, times: dict | None = None) -> int:
+        """One request, as the scheduler runs it; returns the tokens its match hit."""
         from types import SimpleNamespace as NS
 
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams
@@ -124,17 +138,18 @@ class Ours:
         self.pool.req_to_token[0, :len(ids)] = __import__("torch").cat([prefix, self.alloc.alloc(need)])
         kv.cache_protected_len = p = len(prefix)
         for up_to in range(p + self.chunk, len(ids), self.chunk):
-            t0 = time.perf_counter()
+            t0 = NOW()
             c.checkpoint(req, up_to=up_to)
             if times is not None:
                 times["checkpoint"].append(ms(t0))
-        t0 = time.perf_counter()
+        t0 = NOW()
         c.checkpoint(req, up_to=len(ids))  # release_kv_cache, as SGLang runs it
         c.free_kv_row(kv, [(p, len(ids))])
         c.dec_lock_ref(node, lock.to_dec_params())
         c.on_release(req, checkpointed=True)
         if times is not None:
             times["release"].append(ms(t0))
+        return p
 
     def evict(self, tokens: int) -> None:
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams
@@ -161,7 +176,10 @@ class Sglang:
             s = self.pool.mamba_allocator.alloc(1)
         return s
 
-    def serve(self, ids: array, rid: str, times: dict | None = None) -> None:
+    def serve(self, ids: array, rid: str, times: dict | None = None) -> int:
+        """One request, as the scheduler runs it: a state is cached at each chunk end counted from the
+        hit, at the branching point the match reported (SGLang's mamba_branching_seqlen, so the next
+        request sharing the prefix hits there) and at the end. Returns the tokens its match hit."""
         import torch
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
         from sglang.srt.mem_cache.radix_cache import RadixKey
@@ -172,9 +190,12 @@ class Sglang:
         if self.alloc.available_size() < need:
             self.cache.evict(EvictParams(num_tokens=need - self.alloc.available_size()))
         values = torch.cat([self.cache.path_device_indices(node)[:p], self.alloc.alloc(need)])
-        prev = p
-        for end in list(range(p + self.chunk, len(ids), self.chunk)) + [len(ids)]:
-            t0 = time.perf_counter()
+        prev, branching = p, m.mamba_branching_seqlen
+        ends = set(range(p + self.chunk, len(ids), self.chunk)) | {len(ids)}
+        if branching is not None and p < branching < len(ids):
+            ends.add(branching)
+        for end in sorted(ends):
+            t0 = NOW()
             state = own if end == len(ids) else self._slot()
             r = self.cache.insert(InsertParams(key=RadixKey(ids[:end]), value=values[:end], mamba_value=state,
                                                prev_prefix_len=prev))
@@ -184,6 +205,7 @@ class Sglang:
             if times is not None:
                 times["checkpoint" if end < len(ids) else "release"].append(ms(t0))
         self.cache.dec_lock_ref(node, lock.to_dec_params())
+        return p
 
     def evict(self, tokens: int) -> None:
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams
@@ -197,23 +219,34 @@ def per_call_us(fn, calls: int) -> float:
     fn()
     us = []
     for _ in range(calls):
-        t0 = time.perf_counter_ns()
+        t0 = NOW()
         fn()
-        us.append((time.perf_counter_ns() - t0) / 1e3)
+        us.append((NOW() - t0) * 1e6)
     return round(statistics.median(us), 2)
 
 
+def median_ms(fn, calls: int) -> float:
+    return round(per_call_us(fn, calls) / 1e3, 3)
+
+
 def worker(a) -> dict:
+    global NOW
     if a.code:
         use_code(a.code)
     sys.path.insert(0, str(ROOT / "scripts"))
+    import torch
+
+    import _cachepool_mix as mix
     import bench_cachepool_sglang_hybrid as peer
+    NOW = time.thread_time if a.clock == "cpu" else time.perf_counter
+    if a.threads:
+        torch.set_num_threads(a.threads)
     kv_tokens = a.kv_tokens[0]
     mamba_slots = max(64, kv_tokens // 4096)
     alloc, pool, sg_cache = peer.build(kv_tokens, mamba_slots, max(a.long_prompt, a.fill_prompt) + 1, in_flight=1)
     kv_free, state_free = Counted(alloc), Counted(pool.mamba_allocator)
     tree = Sglang(alloc, pool, sg_cache, a.chunk) if a.worker == "sglang" else Ours(alloc, pool, a.chunk)
-    t0, i = time.perf_counter(), 0
+    t0, i = NOW(), 0
     while tree.cached_tokens() < 0.95 * kv_tokens - a.fill_prompt:
         tree.serve(prompt(i, a.fill_prompt), f"fill-{i}")
         i += 1
@@ -223,25 +256,22 @@ def worker(a) -> dict:
     out["sizes_us"] = {q: per_call_us(getattr(cache, q), a.calls) for q in QUERIES}
     evict_ms, frees = [], []
     for _ in range(3):
-        before, t0 = kv_free.calls, time.perf_counter()
+        before, t0 = kv_free.calls, NOW()
         tree.evict(a.evict_tokens)
         evict_ms.append(ms(t0))
         frees.append(kv_free.calls - before)
     out["evict"] = {"tokens": a.evict_tokens, "ms": [round(x, 2) for x in evict_ms], "kv_free_calls": frees}
     times = {"checkpoint": [], "release": []}
     long_ids = prompt(1000, a.long_prompt)
-    t0 = time.perf_counter()
-    tree.match(long_ids, "cold")
-    cold = ms(t0)
+    cold = median_ms(lambda: tree.match(long_ids, None), a.match_calls)
     tree.serve(long_ids, "long", times)
-    t0 = time.perf_counter()
-    tree.match(long_ids, "warm")
+    warm = median_ms(lambda: tree.match(long_ids, None), a.match_calls)
     out["long"] = {"tokens": a.long_prompt, "chunk": a.chunk, "checkpoints": len(times["checkpoint"]),
                    "checkpoint_ms_median": round(statistics.median(times["checkpoint"]), 2),
                    "checkpoint_ms_max": round(max(times["checkpoint"]), 2),
                    "checkpoint_ms_total": round(sum(times["checkpoint"]), 1),
-                   "release_ms": round(times["release"][0], 2), "match_cold_ms": round(cold, 2),
-                   "match_warm_ms": round(ms(t0), 2)}
+                   "release_ms": round(times["release"][0], 2), "match_cold_ms": cold, "match_warm_ms": warm}
+    out["mix"] = mix.run(tree.serve, mix.requests(a.mix_requests, a.seed), NOW)
     out["free_calls_total"] = {"kv": kv_free.calls, "state": state_free.calls}
     if a.worker != "sglang":
         out["hashing_ms"] = hashing(a)
@@ -254,14 +284,19 @@ def hashing(a) -> dict:
     for bs in (16, 64):
         for n in a.hash_lengths:
             ids = prompt(7, n)
-            t0 = time.perf_counter()
+            t0 = NOW()
             block_hashes(ids, bs)
             scratch = ms(t0)
-            t0 = time.perf_counter()
+            t0 = NOW()
             for end in range(a.chunk, n + 1, a.chunk):  # what a checkpoint per chunk did before
                 block_hashes(ids[:end], bs)
             res[f"bs{bs}_{n}"] = {"scratch_ms": round(scratch, 2), "per_chunk_from_scratch_ms": round(ms(t0), 1)}
     return res
+
+
+def _mix_cell(r: dict, kind: str) -> str:
+    m = r.get("mix", {}).get(kind)
+    return f'{m["ms_mean"]} [{m["ms_p99"]}]' if m else "–"
 
 
 def table(result: dict) -> str:
@@ -276,6 +311,9 @@ def table(result: dict) -> str:
             ("release ms", lambda r: r["long"]["release_ms"]),
             ("match, new request ms", lambda r: r["long"]["match_cold_ms"]),
             ("match, cached prompt ms", lambda r: r["long"]["match_warm_ms"])]
+    rows += [(f"mix {k}: ms per request, mean [p99]", lambda r, k=k: _mix_cell(r, k)) for k in ("all", "short", "doc", "turn")]
+    rows.append(("mix: hit tokens / tokens", lambda r: f'{r["mix"]["all"]["hit_tokens"] / r["mix"]["all"]["tokens"]:.0%}'
+                 if "mix" in r else "–"))
     out = ["| KV slots | metric | before | after | SGLang UnifiedRadixCache |", "|---|---|---|---|---|"]
     for n in result["args"]["kv_tokens"]:
         runs = {r["label"]: r for r in result["runs"] if r["kv_tokens"] == n}
@@ -301,6 +339,11 @@ def main() -> None:
     ap.add_argument("--evict-tokens", type=int, default=65_536)
     ap.add_argument("--hash-lengths", type=int, nargs="+", default=[32_768, 131_072])
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--match-calls", type=int, default=21)
+    ap.add_argument("--mix-requests", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads; 0: torch's default")
     ap.add_argument("--base-rev", default=BASE_REV)
     ap.add_argument("--trees", nargs="+", default=["before", "after", "sglang"])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -321,7 +364,9 @@ def main() -> None:
                 cmd = [sys.executable, __file__, "--worker", "sglang" if tree == "sglang" else "ours",
                        "--kv-tokens", str(n), "--fill-prompt", str(a.fill_prompt), "--long-prompt",
                        str(a.long_prompt), "--chunk", str(a.chunk), "--evict-tokens", str(a.evict_tokens),
-                       "--calls", str(a.calls), "--hash-lengths", *map(str, a.hash_lengths)]
+                       "--calls", str(a.calls), "--match-calls", str(a.match_calls), "--mix-requests",
+                       str(a.mix_requests), "--seed", str(a.seed), "--clock", a.clock, "--threads", str(a.threads),
+                       "--hash-lengths", *map(str, a.hash_lengths)]
                 if tree == "before":
                     cmd += ["--code", base]
                 done = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)

@@ -3,11 +3,13 @@ and the index it builds (prefill: full KV + state checkpoints, transfer-bound ad
 full-attention KV only, since the prefill always sends the prompt-end state)."""
 from __future__ import annotations
 
+from array import array
 from types import SimpleNamespace as NS
 
 import pytest
 import torch
 
+from prfaas_sgl.cachepool.hashing import block_hashes
 from prfaas_sgl.srt.cachepool_backend import cache as backend
 from prfaas_sgl.srt.cachepool_backend.mirror import Insert
 
@@ -55,9 +57,54 @@ def test_a_linear_model_gets_state_answers_only_where_it_keeps_states(mode):
     assert cache.swa_evictable_size() == 0 and cache.swa_protected_size() == 0
 
 
-def test_prefill_chunk_off_grid_is_a_startup_error():
-    with pytest.raises(ValueError, match="--chunked-prefill-size 100 must be a positive multiple of 16"):
-        backend.build(_ctx("prefill", chunk=100))
+def test_prefill_and_colocated_index_blocks_are_one_chunk():
+    """A linear-state hit ends on the chunk grid, so the index hashes one block per chunk (any chunk
+    size; 16-token blocks cost 512x the per-block work of a 8K chunk for no longer hit)."""
+    for mode in ("null", "prefill"):
+        cache = backend.build(_ctx(mode, chunk=100))
+        assert cache.bs == cache.cfg.checkpoint_interval == cache.pool.cfg.block_size == 100
+    assert backend.build(_ctx("decode", chunk=100)).bs == 16  # decode hits are any block-aligned KV prefix
+
+
+def test_the_kv_mirror_has_a_row_per_entry_that_can_hold_slots():
+    """kv_table rows are the mirror's own: cached KV entries hold bs of SGLang's slots each, so at most
+    size // bs of them exist; a row per pool block (states and head-room included) cost 364 MB at 2M
+    slots with 8K-token blocks. Rows of removed entries are taken again."""
+    cache = backend.build(_ctx("decode"))  # KV only, 16-token blocks
+    assert tuple(cache.mirror.kv_table.shape) == (4096 // 16 + 1, 16) and cache.pool.cfg.num_blocks > 2 * 4096 // 16
+    tokens = list(range(50))
+    cache.pool.admit("r", tokens, num_tokens=48)
+    cache.pool.commit("r", 48)
+    row = torch.arange(1000, 1048, dtype=torch.int64)
+    cache.mirror.apply(cache.pool.drain_events(), Insert(row, {h: i for i, h in enumerate(cache.pool.hashes(tokens[:48]))}))
+    assert sorted(cache.mirror.kv_of.values()) == [0, 1, 2]
+    assert cache.mirror.kv_slots(cache.pool.hashes(tokens[:48])).tolist() == list(range(1000, 1048))
+    cache.pool.free("r")
+    while cache.pool.evict_lru():
+        cache._apply()
+    cache.mirror.flush()
+    assert not cache.mirror.kv_of and sorted(cache.mirror._free_rows) == list(range(257))
+    cache.check_integrity()
+
+
+def test_a_checkpoint_hashes_its_prompt_only_up_to_its_end():
+    """The first chunk's checkpoint of a long prompt hashes that chunk, not the whole prompt (which
+    SGLang already knows at the first chunk): each chunk's blocks are hashed at its own checkpoint."""
+    cache = backend.build(_ctx("decode"))  # KV only, 16-token blocks
+    tokens = array("q", range(1000, 1000 + 16 * 10 + 5))
+    req = NS(rid="a", extra_key=None, cache_salt=None, full_untruncated_fill_ids=tokens,
+             kv=NS(req_pool_idx=0, mamba_pool_idx=None, holds_mamba=False))
+    cache.req_to_token_pool.req_to_token = torch.arange(1, 4097, dtype=torch.int32)[None, :]
+    cache.checkpoint(req, up_to=16)
+    assert cache.memo.get("a", tokens, blocks=0).hashes == block_hashes(tokens[:16], 16)
+    cache.checkpoint(req, up_to=48)
+    assert cache.memo.get("a", tokens, blocks=0).hashes == block_hashes(tokens[:48], 16)
+    assert cache.mirror.kv_slots(block_hashes(tokens[:48], 16)).tolist() == list(range(1, 49))
+
+
+def test_prefill_without_chunked_prefill_is_a_startup_error():
+    with pytest.raises(ValueError, match="--chunked-prefill-size 0 must be a positive multiple"):
+        backend.build(_ctx("prefill", chunk=None))
 
 
 def test_decode_match_ignores_states_and_stages_no_copy():

@@ -182,9 +182,13 @@ class BackendMachine(RuleBasedStateMachine):
 
     @invariant()
     def hashes_equal_from_scratch(self):
+        """Each pool request's hashes are those of its tokens, and cover every block it holds (a
+        checkpoint hashes only up to its end, not the whole prompt)."""
+        bs = self.cache.bs
         for pool_req in self.cache.pool._reqs.values():
-            n = len(pool_req.token_ids) // self.cache.bs
-            assert pool_req.hashes[:n] == block_hashes(list(pool_req.token_ids)[:n * self.cache.bs], self.cache.bs)
+            h = pool_req.hashes
+            assert h == block_hashes(list(pool_req.token_ids)[:len(h) * bs], bs)
+            assert len(h) >= pool_req.num_tokens // bs
 
 
 TestBackendMachine = BackendMachine.TestCase
@@ -192,11 +196,12 @@ TestBackendMachine.settings = settings(max_examples=20, stateful_step_count=30, 
                                        suppress_health_check=[HealthCheck.too_slow])
 
 
-def test_mirror_frees_removed_slots_before_a_reused_block_is_stored():
-    """The pool reuses a freed block id at once: the old slots must go back before kv_table's row is
-    overwritten, or the new slots would be freed instead (pins Mirror.apply's flush before _store)."""
+def test_mirror_frees_removed_slots_before_a_reused_row_is_stored():
+    """A removed entry's kv_table row is taken again at once (one row here): the old slots must go back
+    before the row is overwritten, or the new slots would be freed instead (pins Mirror.apply's flush
+    before _store)."""
     freed: list = []
-    m = Mirror(2, 4, torch.device("cpu"), block_of=lambda h: 3, free_kv=freed.append, free_state=freed.append)
+    m = Mirror(2, 1, torch.device("cpu"), free_kv=freed.append, free_state=freed.append)
     from prfaas_sgl.cachepool import BlockRemoved, BlockStored
     from prfaas_sgl.srt.cachepool_backend.mirror import Insert
     m.apply([BlockStored([11], None, [0, 0], 2, None, group="full")], Insert(torch.tensor([7, 8]), {11: 0}))

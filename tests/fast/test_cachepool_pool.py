@@ -178,6 +178,18 @@ def test_decode_growth_caches_new_full_blocks():
     assert pool.match(toks + [1]) == 8
 
 
+def test_events_without_token_ids_keep_hashes_and_parents():
+    """A reader of hashes only (the SGLang backend's mirror) asks for no token ids: a chunk's events
+    then hold no Python int per token."""
+    pool = HybridCachePool(PoolConfig(40, BS, (full(), linear()), enable_events=True, event_token_ids=False))
+    run(pool, "r", list(range(17)))
+    stored = [e for e in pool.drain_events() if isinstance(e, BlockStored)]
+    hashes = block_hashes(list(range(16)), BS)
+    assert [(e.group, e.block_hashes, e.token_ids) for e in stored] == [
+        ("attn", hashes, []), ("gdn", [hashes[1]], []), ("gdn", [hashes[3]], [])]
+    assert [e.parent_block_hash for e in stored] == [None, hashes[0], hashes[2]]
+
+
 def test_duplicate_content_keeps_first_copy():
     pool = make(10, full())
     pool.admit("a", list(range(9)))

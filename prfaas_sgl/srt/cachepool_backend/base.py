@@ -98,7 +98,7 @@ class PrfaasHybridCache(BasePrefixCache):
         """Drop the index. SGLang calls this from flush_cache with no request running, and clears its
         own allocators alongside, so the mirrored slots are forgotten, not freed."""
         pool = self.pool = HybridCachePool(PoolConfig(self.cfg.num_blocks, self.bs, self._groups(),
-                                                      enable_events=True))
+                                                      enable_events=True, event_token_ids=False))
         self.mirror = self._mirror(pool)
         self.memo = HashMemo(self.bs, pool.cfg.hash_seed)
         self._reqs: dict[int, Entry] = {}  # by req_pool_idx (unique while the row is held)
@@ -113,9 +113,9 @@ class PrfaasHybridCache(BasePrefixCache):
 
     def _mirror_over(self, pool: HybridCachePool, free_kv, swa: SwaMemory | None = None) -> Mirror:
         """free_kv(slots): how a removed full entry's KV slots go back to SGLang."""
-        # block_of reads the full group's index (hash -> block) directly: a lookup per stored block
-        return Mirror(self.bs, self.cfg.num_blocks, self.device, pool.managers[0].index.__getitem__,
-                      free_kv, self._free_state, swa)
+        # a cached entry holds bs of SGLang's slots of its own: at most size // bs entries
+        rows = self.token_to_kv_pool_allocator.size // self.bs + 1
+        return Mirror(self.bs, rows, self.device, free_kv, self._free_state, swa)
 
     def _free_state(self, slot) -> None:
         self.req_to_token_pool.mamba_allocator.free(slot)
@@ -201,7 +201,7 @@ class PrfaasHybridCache(BasePrefixCache):
         length = n * self.bs
         if n == 0:
             return
-        seen = self.memo.get(req.rid, ids)
+        seen = self.memo.get(req.rid, ids, blocks=n)
         ent = self._reqs.get(req.kv.req_pool_idx)
         if ent is None:
             ent = self._reqs[req.kv.req_pool_idx] = Entry(f"req:{next(self._ids)}")

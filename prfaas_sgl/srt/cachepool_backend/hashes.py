@@ -14,6 +14,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Optional
 
+import numpy as np
+
 from prfaas_sgl.cachepool.hashing import extend_hashes, hashes_until_miss
 
 
@@ -38,33 +40,37 @@ class HashMemo:
         self.bs, self.seed, self.capacity = block_size, seed, capacity
         self._by_rid: OrderedDict[str, RequestHashes] = OrderedDict()
 
-    def get(self, rid: Optional[str], token_ids: Sequence[int],
-            cached: Optional[Callable[[int], bool]] = None) -> RequestHashes:
+    def get(self, rid: Optional[str], token_ids: Sequence[int], cached: Optional[Callable[[int], bool]] = None,
+            blocks: Optional[int] = None) -> RequestHashes:
         """Hashes covering token_ids: the result's tokens start with token_ids (they may go on: an
-        earlier call saw more of the request) and its hashes cover every full block of them; with
-        `cached` (a lookup: is this hash in the index?) only up to the first block that is not, which is
-        all a match reads. A later call without `cached` hashes the rest."""
+        earlier call saw more of the request) and its hashes cover every full block of them, or the
+        first `blocks` (a checkpoint reads no further); with `cached` (a lookup: is this hash in the
+        index?) only up to the first block that is not, which is all a match reads. A later call
+        hashes the rest it needs. Without a rid nothing is kept, and an array("q") is not copied."""
         ids = token_ids if isinstance(token_ids, array) and token_ids.typecode == "q" else array("q", token_ids)
         kept = self._by_rid.get(rid) if rid is not None else None
         if kept is not None and self._extends(kept, ids):
             self._by_rid.move_to_end(rid)  # type: ignore[arg-type]
+        elif rid is None:
+            kept = RequestHashes(ids, [])
         else:
-            kept = RequestHashes(array("q", ids), [])
-            if rid is not None:
-                self._by_rid[rid] = kept
-                if len(self._by_rid) > self.capacity:
-                    self._by_rid.popitem(last=False)
+            kept = self._by_rid[rid] = RequestHashes(array("q", ids), [])
+            if len(self._by_rid) > self.capacity:
+                self._by_rid.popitem(last=False)
         if cached is None:
-            extend_hashes(kept.hashes, kept.tokens, self.bs, self.seed)
+            extend_hashes(kept.hashes, kept.tokens, self.bs, self.seed, blocks)
         else:
             hashes_until_miss(kept.tokens, self.bs, kept.hashes, cached, self.seed)
         return kept
 
     def _extends(self, kept: RequestHashes, ids: array) -> bool:
         """Whether ids and kept.tokens agree on their common prefix; if so, grow kept's tokens to cover
-        ids. The comparison is a C-level array compare, ~20x cheaper than hashing the same tokens."""
+        ids. numpy compares 128K ids in ~70 us; comparing array slices costs ~1.3 ms (per element,
+        in Python objects) and copies both."""
         n = min(len(ids), len(kept.tokens))
-        if kept.tokens[:n] != ids[:n]:
+        same = np.array_equal(np.frombuffer(kept.tokens, np.int64, n), np.frombuffer(ids, np.int64, n))
+        # the numpy views are gone here: an array cannot grow while its buffer is exported
+        if not same:
             return False
         if len(ids) > n:
             kept.tokens.extend(ids[n:])

@@ -18,11 +18,26 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParam
 
 from prfaas_sgl.cachepool import GroupSpec
 
+from . import config as backend_config
 from .base import Entry, Node, PrfaasHybridCache
 from .mirror import LINEAR, Insert
 
 
 class LinearStateCache(PrfaasHybridCache):
+    @classmethod
+    def config_for(cls, ctx, mode: str) -> backend_config.BackendConfig:
+        """Index blocks of one chunk each. A hit ends where a state is cached, on the checkpoint grid
+        (chunk ends), so a finer block never lengthens a hit or shares more KV; it only multiplies
+        what the scheduler thread does per block (hash, index lookup, event, row gather): 8,192
+        blocks for a 128K-token prompt at 16 tokens, 16 at an 8K chunk."""
+        p, chunk = ctx.params, ctx.server_args.chunked_prefill_size
+        # no chunking: from_server says what to pass; --prfaas-unified-pool sizes its slab blocks in
+        # multiples of the 16-token hash block (unified.GRANULARITY) and keeps it
+        slab = getattr(p.token_to_kv_pool_allocator, "slab_blocks", None) is not None
+        block = chunk if chunk and chunk > 0 and not slab else 16
+        return backend_config.from_server(chunk, p.token_to_kv_pool_allocator.size,
+                                          p.req_to_token_pool.mamba_pool.size, block_size=block, role=mode)
+
     def _groups(self) -> tuple[GroupSpec, ...]:
         return super()._groups() + (GroupSpec(LINEAR, "linear", 1, state_bytes=self.bs,  # one block per state
                                               checkpoint_interval=self.cfg.checkpoint_interval),)

@@ -4,9 +4,13 @@ HybridCachePool decides what is cached, referenced and evicted (on virtual block
 the memory. Events are the only channel between them: BlockStored binds a hash to the memory the
 request computed it in, BlockRemoved gives that memory back to SGLang's allocators.
 
-KV slots live in one table indexed by the pool's (virtual) block id, on the allocator's device:
+KV slots live in one table on the allocator's device, one row per cached full-attention entry:
 
-    kv_table[block] = the block_size KV slots of the cached block `block`   (int64 [num_blocks, bs])
+    kv_table[kv_of[hash]] = the block_size KV slots of that entry            (int64 [rows, bs])
+
+Rows are the mirror's own (a free list), not the pool's block ids: the pool's ids also number state
+blocks and head-room, so a table per pool block would cost num_blocks x bs x 8 bytes (hundreds of MB
+with chunk-sized blocks), while the entries that hold slots are at most kv_tokens // bs.
 
 so a checkpoint stores all of its new blocks with one gather from the request's row, a match hands
 SGLang its prefix with one gather, and the slots of everything evicted in one call go back to SGLang
@@ -47,20 +51,20 @@ class Insert:
 
 
 class Mirror:
-    def __init__(self, block_size: int, num_blocks: int, device: torch.device,
-                 block_of: Callable[[int], int], free_kv: Callable[[Any], None],
+    def __init__(self, block_size: int, rows: int, device: torch.device, free_kv: Callable[[Any], None],
                  free_state: Callable[[Any], None], swa: Optional[SwaMemory] = None) -> None:
-        """block_of(hash): the pool block of a cached full-attention hash. free_kv frees full slots
-        (for a sliding-window model: slots whose window pages are already gone)."""
+        """rows: kv_table rows to start with (entries that can hold slots; grows if short). free_kv
+        frees full slots (for a sliding-window model: slots whose window pages are already gone)."""
         self.bs, self.device = block_size, device
-        self.kv_table = torch.zeros((num_blocks, block_size), dtype=torch.int64, device=device)
-        self.kv_of: dict[int, int] = {}  # full-group hash -> pool block (its row of kv_table)
+        self.kv_table = torch.zeros((max(1, rows), block_size), dtype=torch.int64, device=device)
+        self._free_rows = list(range(len(self.kv_table) - 1, -1, -1))  # pop() takes row 0 first
+        self.kv_of: dict[int, int] = {}  # full-group hash -> its row of kv_table
         self.state_of: dict[int, Any] = {}  # linear-group hash -> int64 [1] Mamba slot
         self.swa, self.swa_of = swa, set()  # SWA-group hashes (window pages: see module doc)
-        self._block_of, self._free_kv, self._free_state = block_of, free_kv, free_state
-        self._gone_blocks: list[int] = []  # removed, slots not yet given back (see flush)
+        self._free_kv, self._free_state = free_kv, free_state
+        self._gone_rows: list[int] = []  # rows removed, slots not yet given back (see flush)
         self._gone_states: list[Any] = []
-        self._gone_windows: list[int] = []  # full blocks whose window pages go back (SWA removed)
+        self._gone_windows: list[int] = []  # rows whose window pages go back (SWA removed)
         self._gone_both: list[int] = []  # full entries removed with their SWA entry
         self.orphans: list[int] = []  # SWA entries whose full entry went: the pool must drop them
         self._dropped: set[int] = set()  # SWA hashes with no memory of their own, removal pending
@@ -87,8 +91,8 @@ class Mirror:
                 self.state_of.clear()
                 self.swa_of.clear()
         if stores:
-            # a block removed above may be stored again below (the pool reuses freed block ids):
-            # its old slots must leave kv_table before the new ones overwrite them
+            # a row removed above may be taken again below: its old slots must leave kv_table
+            # before the new ones overwrite them
             self.flush()
             self._store(stores, insert)
         return tokens, states, windows
@@ -98,15 +102,15 @@ class Mirror:
         returns the window tokens freed."""
         windows = 0
         for h in hashes:
-            block = self.kv_of.pop(h)
+            row = self.kv_of.pop(h)
             if h in self.swa_of:
                 self.swa_of.remove(h)
-                self._gone_both.append(block)
+                self._gone_both.append(row)
                 self.orphans.append(h)
                 self._dropped.add(h)
                 windows += self.bs
             else:
-                self._gone_blocks.append(block)
+                self._gone_rows.append(row)
         return windows
 
     def _remove_windows(self, hashes: list[int]) -> int:
@@ -121,15 +125,18 @@ class Mirror:
         return windows
 
     def flush(self) -> None:
-        """Give the slots of every entry removed since the last flush back to SGLang."""
+        """Give the slots of every entry removed since the last flush back to SGLang; their rows
+        become free."""
         if self._gone_windows:  # first: the full-only frees below expect their peers gone
-            self.swa.free_window(self.kv_slots_of_blocks(self._gone_windows))
+            self.swa.free_window(self.kv_slots_of_rows(self._gone_windows))
             self._gone_windows = []
-        if self._gone_blocks:
-            self._free_kv(self.kv_slots_of_blocks(self._gone_blocks))
-            self._gone_blocks = []
+        if self._gone_rows:
+            self._free_kv(self.kv_slots_of_rows(self._gone_rows))
+            self._free_rows += reversed(self._gone_rows)  # pop() hands them out in order again
+            self._gone_rows = []
         if self._gone_both:
-            self.swa.free_both(self.kv_slots_of_blocks(self._gone_both))
+            self.swa.free_both(self.kv_slots_of_rows(self._gone_both))
+            self._free_rows += reversed(self._gone_both)
             self._gone_both = []
         if self._gone_states:
             self._free_state(torch.cat(self._gone_states))
@@ -142,13 +149,13 @@ class Mirror:
 
     def _store(self, stores: list[BlockStored], insert: Optional[Insert]) -> None:
         assert insert is not None, "BlockStored outside a checkpoint"
-        blocks, positions, windows = [], [], []
+        rows, positions, windows = [], [], []
         for ev in stores:
             for h in ev.block_hashes:
                 if ev.group == FULL:
-                    blocks.append(self._block_of(h))
+                    rows.append(self._take_row())
                     positions.append(insert.pos_of[h])
-                    self.kv_of[h] = blocks[-1]
+                    self.kv_of[h] = rows[-1]
                 elif ev.group == SWA:
                     windows.append(h)
                 else:
@@ -156,11 +163,18 @@ class Mirror:
                     assert h == insert.state_hash and insert.state is not None, "checkpoint without a state"
                     self.state_of[h] = insert.state
                     insert.state = None
-        if blocks:
-            self._gather(insert.row, positions, blocks)
+        if rows:
+            self._gather(insert.row, positions, rows)
             insert.stored_blocks += positions
         if windows:
             self._store_windows(windows, insert)
+
+    def _take_row(self) -> int:
+        if not self._free_rows:  # doubles: more entries than the start-up estimate hold slots
+            n = len(self.kv_table)
+            self.kv_table = torch.cat([self.kv_table, torch.zeros_like(self.kv_table)])
+            self._free_rows = list(range(2 * n - 1, n - 1, -1))
+        return self._free_rows.pop()
 
     def _store_windows(self, hashes: list[int], insert: Insert) -> None:
         """Index an SWA block only if its full entry holds this row's slots (not another request's
@@ -177,33 +191,46 @@ class Mirror:
                 insert.swa_rejected.append(h)
                 self._dropped.add(h)
 
-    def _gather(self, row: Any, positions: list[int], blocks: list[int]) -> None:
-        """kv_table[blocks[j]] = row[positions[j]*bs : (positions[j]+1)*bs] for all j, in one gather."""
-        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
-        slots = torch.arange(self.bs, device=self.device) + pos[:, None] * self.bs  # [n, bs]
-        self.kv_table[torch.tensor(blocks, dtype=torch.int64, device=self.device)] = row[slots].to(torch.int64)
+    def _gather(self, row: Any, positions: list[int], rows: list[int]) -> None:
+        """kv_table[rows[j]] = row[positions[j]*bs : (positions[j]+1)*bs] for all j, in one copy. A run
+        of positions (a checkpoint's new blocks usually are one) is a slice of the row and a run of
+        rows a slice of the table, so no index tensor is built for them."""
+        bs, n = self.bs, len(positions)
+        if _is_run(positions):
+            src = row[positions[0] * bs:(positions[0] + n) * bs].view(n, bs)
+        else:
+            pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
+            src = row[torch.arange(bs, device=self.device) + pos[:, None] * bs]  # [n, bs]
+        if _is_run(rows):
+            self.kv_table[rows[0]:rows[0] + n].copy_(src)
+        else:
+            self.kv_table[torch.tensor(rows, dtype=torch.int64, device=self.device)] = src.to(torch.int64)
 
     def kv_slots(self, hashes) -> torch.Tensor:
         """KV slots of cached hashes, in order: int64 [len(hashes) * bs]."""
-        return self.kv_slots_of_blocks([self.kv_of[h] for h in hashes])
+        return self.kv_slots_of_rows([self.kv_of[h] for h in hashes])
 
-    def kv_slots_of_blocks(self, blocks: list[int]) -> torch.Tensor:
-        if not blocks:
+    def kv_slots_of_rows(self, rows: list[int]) -> torch.Tensor:
+        """A copy (the rows are reused once their entries go): int64 [len(rows) * bs]."""
+        if not rows:
             return torch.empty((0,), dtype=torch.int64, device=self.device)
-        return self.kv_table[torch.tensor(blocks, dtype=torch.int64, device=self.device)].reshape(-1)
+        if _is_run(rows):
+            return self.kv_table[rows[0]:rows[0] + len(rows)].reshape(-1).clone()
+        return self.kv_table[torch.tensor(rows, dtype=torch.int64, device=self.device)].reshape(-1)
 
     def check(self, pool) -> None:
         """The mirror equals the pool's index, and no SGLang slot is held twice."""
         groups = {m.name: m for m in pool.managers}  # a decode server's pool has no linear group
         full, linear, swa = groups[FULL], groups.get(LINEAR), groups.get(SWA)
         assert set(full.index) == set(self.kv_of), "KV mirror differs from the full-attention index"
-        assert all(full.index[h] == b for h, b in self.kv_of.items()), "KV mirror rows differ from the index"
         assert set(linear.index if linear else ()) == set(self.state_of), \
             "state mirror differs from the linear index"
         assert set(swa.index if swa else ()) == self.swa_of, "window mirror differs from the SWA index"
         assert self.swa_of <= set(self.kv_of), "an SWA entry outlived its full-attention entry"
-        assert not (self._gone_blocks or self._gone_states or self._gone_windows or self._gone_both), \
+        assert not (self._gone_rows or self._gone_states or self._gone_windows or self._gone_both), \
             "removed slots not flushed"
+        rows = list(self.kv_of.values()) + self._free_rows
+        assert sorted(rows) == list(range(len(self.kv_table))), "a kv_table row is lost or used twice"
         assert not (self.orphans or self._dropped), "SWA entries the pool should have dropped"
         if self.swa_of:
             assert bool(self.swa.alive(self.kv_slots(list(self.swa_of))).all()), "a cached window page is gone"
@@ -211,3 +238,8 @@ class Mirror:
         assert len(slots) == len(set(slots)), "a KV slot is cached under two hashes"
         states = [int(t.item()) for t in self.state_of.values()]
         assert len(states) == len(set(states)), "a state slot is cached under two hashes"
+
+
+def _is_run(xs: list[int]) -> bool:
+    """xs == [x0, x0 + 1, ..., x0 + len - 1] (xs not empty)."""
+    return xs[-1] - xs[0] == len(xs) - 1 and (len(xs) < 3 or xs == list(range(xs[0], xs[0] + len(xs))))
