@@ -181,9 +181,9 @@ def measured_phases(router: LiveRouter, stack: Stack, args, tokenizer: str, prom
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one CPU server, one chat request")
-    ap.add_argument("--sessions", type=int, default=32, help="requests per measured run")
+    ap.add_argument("--sessions", type=int, default=48, help="requests per measured run")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of the three measured policies")
-    ap.add_argument("--concurrency", type=int, default=8, help="requests in flight in a measured run (closed loop)")
+    ap.add_argument("--concurrency", type=int, default=16, help="requests in flight in a measured run (closed loop)")
     ap.add_argument("--rate", type=float, default=0.5, help="shift phase: Poisson arrivals, requests/s")
     ap.add_argument("--shift-sessions", type=int, default=24, help="shift phase: its parts A / B / C send this x 0.5 / 2 / 0.5 requests")
     ap.add_argument("--scale", type=float, default=1 / 64, help="scale of the paper's lengths")
@@ -230,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             prom = monitor.start(stack.dep, args.out, say)
             tokenizer = f"{model}/tokenizer.json"
             rows, runs = measured_phases(router, stack, args, tokenizer, prom, preds, shared)
+            report_measured(args, runs, preds, shared)  # now: the shift phase takes minutes more
             shift_phase = next(p for p in PHASES if p.shift)
             if not args.no_shift:
                 say(f"phase 4/4: {shift_phase.label} on {', '.join(shift_phase.servers)}")
@@ -248,14 +249,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["summary"]["errors"] == 0 for _, r in rows + parts) and (switched or args.no_shift) else 1
 
 
+def report_measured(args, runs, preds, shared: bool) -> None:
+    print(f"\nmeasured ({args.reps} repetition(s), {args.sessions} requests each, {args.concurrency} in flight) "
+          f"vs predicted (planner on the measured profile){'' if shared else ' — UNSHARED fallback'}:")
+    print(measure.format_measured(runs, preds))
+    print(measure.stability(runs, preds), flush=True)
+    (args.out / "measured.json").write_text(measure.to_json(runs, preds))
+
+
 def report(args, rows, runs, preds, parts, lines, shared: bool) -> None:
     print()
     print(f"last repetition ({args.reps} of {args.reps}):")
     print(format_side_by_side(rows))
-    print(f"\nmeasured ({args.reps} repetition(s), {args.sessions} requests each, {args.concurrency} in flight) "
-          f"vs predicted (planner on the measured profile){'' if shared else ' — UNSHARED fallback'}:")
-    print(measure.format_measured(runs, preds))
-    print(measure.stability(runs, preds))
+    report_measured(args, runs, preds, shared)
     if args.no_shift:
         print("\nworkload shift + controller: skipped (--no-shift)")
     else:
@@ -263,7 +269,6 @@ def report(args, rows, runs, preds, parts, lines, shared: bool) -> None:
         print(format_side_by_side(parts))
         print("\n".join(["controller actions:", *lines] if lines else ["controller actions: none (no switch)"]))
     print("\n" + "\n".join(NOT_EMULATED))
-    (args.out / "measured.json").write_text(measure.to_json(runs, preds))
     for path, table in ((args.out / "summary.json", rows), (args.out / "shift" / "summary.json", parts)):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({label: r["summary"] | {"router": r["router"], "servers": r.get("servers"),

@@ -95,6 +95,10 @@ def deployment(link: DemoLink, model: str, backend: str, threshold: int, link_mb
         "threshold": threshold, "block_size": 1, "kv_bytes_per_token": float(KV_BYTES_PER_TOKEN),
         "state_bytes": float(STATE_BYTES), "link_gbps": link_mbit / 1000.0, "context_length": 8192,
         "loads_interval_s": 0.5, "health_interval_s": 2.0, "controller_interval_s": CONTROLLER_S,
+        # Cache affinity yields to load past this many queued tokens: the router's 32768 scaled by the demo's
+        # 1/64 like every length. Unscaled, a one-token hit (block_size 1) kept every request on the first
+        # local prefill server while the second idled (homogeneous PD measured half its predicted throughput).
+        "overload_tokens": 512,
     }
     if shares:
         servers = tuple(map(with_shares, servers))
