@@ -181,11 +181,12 @@ def measured_phases(router: LiveRouter, stack: Stack, args, tokenizer: str, prom
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one CPU server, one chat request")
-    ap.add_argument("--sessions", type=int, default=48, help="requests per measured run")
+    ap.add_argument("--sessions", type=int, default=64, help="requests per measured run")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of the three measured policies")
-    ap.add_argument("--concurrency", type=int, default=16, help="requests in flight in a measured run (closed loop)")
+    ap.add_argument("--concurrency", type=int, default=24, help="requests in flight in a measured run (closed loop)")
     ap.add_argument("--rate", type=float, default=0.5, help="shift phase: Poisson arrivals, requests/s")
-    ap.add_argument("--shift-sessions", type=int, default=24, help="shift phase: its parts A / B / C send this x 0.5 / 2 / 0.5 requests")
+    ap.add_argument("--shift-sessions", type=int, default=24,
+                    help="shift phase: its parts A / B / C send this x 0.5 / 2 / 0.5 requests")
     ap.add_argument("--scale", type=float, default=1 / 64, help="scale of the paper's lengths")
     ap.add_argument("--threshold", type=int, default=300, help="t in tokens when the planner gives none "
                     "(paper 19.4K x 1/64)")
