@@ -22,15 +22,19 @@ def block_hashes(token_ids: Sequence[int], block_size: int, seed: int = 0) -> li
     tokens  [0 ........ bs)[bs ...... 2bs) ... [(n-1)bs .. n*bs)[tail < bs]
     hashes   h[0]           h[1]                h[n-1]           (none)
     """
-    n = len(token_ids) // block_size
-    if n == 0:
+    return _hash_blocks(token_ids, 0, len(token_ids) // block_size, block_size, seed)
+
+
+def _hash_blocks(token_ids: Sequence[int], first: int, end: int, block_size: int, parent: int) -> list[int]:
+    """Chained hashes of blocks [first, end) of token_ids, the chain entering at `parent`; the ids are
+    packed once, without slicing token_ids first (a slice of 128K ids is a 1 MB copy)."""
+    if end <= first:
         return []
-    data = _packed(token_ids[:n * block_size])
+    data = _packed(token_ids, first * block_size, end * block_size)
     step = block_size * _TOKEN_BYTES
     out: list[int] = []
-    parent = seed
     digest = xxhash.xxh3_64_intdigest
-    for start in range(0, n * step, step):
+    for start in range(0, (end - first) * step, step):
         parent = digest(data[start:start + step], parent)
         out.append(parent)
     return out
@@ -53,20 +57,21 @@ def hashes_until_miss(token_ids: Sequence[int], block_size: int, hashes: list[in
         return
     while done < n:
         end = min(n, 2 * done if done else 1)
-        hashes.extend(block_hashes(token_ids[done * block_size:end * block_size], block_size,
-                                   hashes[-1] if hashes else seed))
+        hashes.extend(_hash_blocks(token_ids, done, end, block_size, hashes[-1] if hashes else seed))
         if not cached(hashes[-1]):
             return
         done = end
 
 
-def _packed(token_ids: Sequence[int]) -> memoryview:
-    """Token ids as native uint32 bytes, without a copy past the conversion. An array (SGLang keeps
-    token ids in array("q")) goes through numpy, ~3x faster than a per-token conversion; a list is
-    fastest through array("I")."""
+def _packed(token_ids: Sequence[int], start: int, end: int) -> memoryview:
+    """token_ids[start:end] as native uint32 bytes, with no copy but the conversion. An array (SGLang
+    keeps token ids in array("q")) goes through a numpy view, ~3x faster than a per-token conversion;
+    a list is fastest through array("I")."""
     if isinstance(token_ids, array):
-        return memoryview(np.frombuffer(token_ids, dtype=token_ids.typecode).astype(np.uint32)).cast("B")
-    return memoryview(array("I", token_ids)).cast("B")
+        size = token_ids.itemsize
+        view = np.frombuffer(token_ids, dtype=token_ids.typecode, count=end - start, offset=start * size)
+        return memoryview(view.astype(np.uint32)).cast("B")
+    return memoryview(array("I", token_ids[start:end])).cast("B")
 
 
 def extend_hashes(hashes: list[int], token_ids: Sequence[int], block_size: int, seed: int = 0,
@@ -78,12 +83,5 @@ def extend_hashes(hashes: list[int], token_ids: Sequence[int], block_size: int, 
     tokens  [0 ....... done*bs)[done*bs ......... full)[tail]
     hashes   hashes (given)     appended here
     """
-    done = len(hashes)
-    start = done * block_size
-    full = (len(token_ids) // block_size) * block_size
-    if limit is not None:
-        full = min(full, limit * block_size)
-    if full <= start:
-        return
-    parent = hashes[-1] if hashes else seed
-    hashes.extend(block_hashes(token_ids[start:full], block_size, parent))
+    n = len(token_ids) // block_size if limit is None else min(limit, len(token_ids) // block_size)
+    hashes.extend(_hash_blocks(token_ids, len(hashes), n, block_size, hashes[-1] if hashes else seed))

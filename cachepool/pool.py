@@ -99,6 +99,20 @@ class HybridCachePool:
         self._reqs[req_id] = req
         return alloc
 
+    def pin(self, req_id: str, hashes: list[int]) -> int:
+        """Reference what a hit of the blocks `hashes` names needs in every group, and nothing else: a
+        lock on a match (no blocks allocated, nothing to commit). Returns the blocks pinned, fewer than
+        len(hashes) if some were evicted since the match. free(req_id) releases them; the request
+        cannot grow. Raises ValueError (duplicate id)."""
+        if req_id in self._reqs:
+            raise ValueError(f"request {req_id!r} is already admitted; free() it first")
+        k = self._hit_blocks(hashes, len(hashes) * self.cfg.block_size + 1)
+        req = _Request(req_id, [], hashes, [m.new_state() for m in self.managers], False)
+        for m, st in zip(self.managers, req.states):
+            m.acquire_hit(st, hashes, k)
+        self._reqs[req_id] = req
+        return k
+
     def grow(self, req_id: str, num_tokens: int, token_ids: Optional[Sequence[int]] = None,
              hashes: Optional[list[int]] = None) -> Allocation:
         """Cover tokens [0, num_tokens). token_ids: the request's full token list if it grew

@@ -8,6 +8,8 @@ from types import SimpleNamespace as NS
 
 import pytest
 import torch
+from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from prfaas_sgl.cachepool.hashing import block_hashes
 from prfaas_sgl.srt.cachepool_backend import cache as backend
@@ -84,6 +86,26 @@ def test_the_kv_mirror_has_a_row_per_entry_that_can_hold_slots():
         cache._apply()
     cache.mirror.flush()
     assert not cache.mirror.kv_of and sorted(cache.mirror._free_rows) == list(range(257))
+    cache.check_integrity()
+
+
+def test_a_lock_on_a_match_takes_no_pool_blocks():
+    """A lock pins the hit (KV block and state) and takes nothing: it used to be a pool request of its
+    own, with a working-state block and a block for one token past the match."""
+    cache = backend.build(_ctx("null", chunk=64))
+    tokens = list(range(100))
+    cache.pool.admit("r", tokens, num_tokens=64)
+    cache.pool.commit("r", 64)
+    (h,) = cache.pool.hashes(tokens[:64])
+    cache.mirror.apply(cache.pool.drain_events(), Insert(torch.arange(1000, 1064), {h: 0}, h, torch.tensor([5])))
+    cache.pool.free("r")
+    free = cache.pool.usage().free
+    node = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens)))).last_device_node
+    lock = cache.inc_lock_ref(node)
+    assert len(node.tokens) == 64 and cache.pool.usage().free == free
+    assert cache.evictable_size() == 0 and cache.mamba_evictable_size() == 0
+    cache.dec_lock_ref(node, lock.to_dec_params())
+    assert cache.evictable_size() == 64 and cache.mamba_evictable_size() == 1
     cache.check_integrity()
 
 

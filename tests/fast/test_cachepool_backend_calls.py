@@ -186,6 +186,8 @@ class BackendMachine(RuleBasedStateMachine):
         checkpoint hashes only up to its end, not the whole prompt)."""
         bs = self.cache.bs
         for pool_req in self.cache.pool._reqs.values():
+            if not pool_req.token_ids:  # a lock's pin: the matched hashes, no tokens, nothing to grow
+                continue
             h = pool_req.hashes
             assert h == block_hashes(list(pool_req.token_ids)[:len(h) * bs], bs)
             assert len(h) >= pool_req.num_tokens // bs

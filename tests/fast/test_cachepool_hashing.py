@@ -41,14 +41,14 @@ def test_chunk_by_chunk_equals_from_scratch(tokens, bs, seed, cuts):
 
 
 def _count_hashed_blocks(monkeypatch) -> list[int]:
-    """Patch block_hashes where the memo and extend_hashes look it up; count the blocks it hashes."""
-    hashed, real = [0], hashing.block_hashes
+    """Patch the chain hasher every hashing entry point runs through; count the blocks it hashes."""
+    hashed, real = [0], hashing._hash_blocks
 
-    def counting(token_ids, block_size, seed=0):
-        out = real(token_ids, block_size, seed)
+    def counting(token_ids, first, end, block_size, parent):
+        out = real(token_ids, first, end, block_size, parent)
         hashed[0] += len(out)
         return out
-    monkeypatch.setattr(hashing, "block_hashes", counting)  # the memo hashes through extend_hashes
+    monkeypatch.setattr(hashing, "_hash_blocks", counting)
     return hashed
 
 

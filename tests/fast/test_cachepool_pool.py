@@ -190,6 +190,26 @@ def test_events_without_token_ids_keep_hashes_and_parents():
     assert [e.parent_block_hash for e in stored] == [None, hashes[0], hashes[2]]
 
 
+def test_a_pin_references_the_hit_and_allocates_nothing():
+    """A lock on a match (the SGLang backend's inc_lock_ref) pins the hit's entries in every group: they
+    are not evictable while pinned, and no block is taken for it."""
+    pool = make(40, full(), linear())
+    tokens = list(range(17))
+    run(pool, "r", tokens)
+    pool.free("r")
+    hashes = block_hashes(tokens, BS)
+    free, idle = pool.usage().free, pool.usage().cached_idle
+    assert pool.pin("lock", hashes[:4]) == 4  # blocks 0-3 and the state at 16
+    assert pool.usage().free == free and pool.usage().cached_idle == idle - 4 - 4
+    pool.check_integrity()
+    while pool.evict_lru():
+        pass
+    assert pool.match(tokens[:16] + [99]) == 16  # the pinned hit survived
+    pool.free("lock")
+    pool.check_integrity()
+    assert pool.usage().cached_idle == 8
+
+
 def test_duplicate_content_keeps_first_copy():
     pool = make(10, full())
     pool.admit("a", list(range(9)))

@@ -39,7 +39,7 @@ from .swa import SWA, SwaMemory
 log = logging.getLogger(__name__)
 
 
-_ONE_TOKEN = array("q", [0])  # see inc_lock_ref
+_ONE_TOKEN = array("q", [0])  # see checkpoint
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -163,15 +163,13 @@ class PrfaasHybridCache(BasePrefixCache):
         if not node.hashes:
             return IncLockRefResult(delta=0, node_id=None)
         n = next(self._ids)
-        # one token past the match, so the pool may count every matched token as a hit
-        alloc = self.pool.admit(f"lock:{n}", node.tokens + _ONE_TOKEN, num_tokens=len(node.tokens),
-                                hashes=list(node.hashes))
-        self._drain()
-        if alloc.num_cached_tokens != len(node.tokens):  # evicted between match and lock: a bug
+        # a pin takes no blocks, so it evicts nothing and emits no events to drain
+        pinned = self.pool.pin(f"lock:{n}", list(node.hashes))
+        if pinned != len(node.hashes):  # evicted between match and lock: a bug
             self.pool.free(f"lock:{n}")
             self._drain()
             raise RuntimeError(f"prfaas_hybrid: lock on {len(node.tokens)} tokens found only "
-                               f"{alloc.num_cached_tokens} cached")
+                               f"{pinned * self.bs} cached")
         return IncLockRefResult(delta=0, node_id=n)
 
     def dec_lock_ref(self, node: Node, params=None) -> DecLockRefResult:

@@ -21,13 +21,13 @@ from prfaas_sgl.cachepool.hashing import extend_hashes, hashes_until_miss
 
 class RequestHashes:
     """tokens: array("q") of the longest token list seen for the request; hashes: a prefix of
-    block_hashes(tokens), all of it after a `get` without `cached`. Both only grow (the pool may keep
-    references to them)."""
+    block_hashes(tokens). Both only grow (the pool may keep references to them). source: the caller's
+    array tokens last came from (SGLang's req.full_untruncated_fill_ids), or None."""
 
-    __slots__ = ("tokens", "hashes")
+    __slots__ = ("tokens", "hashes", "source")
 
-    def __init__(self, tokens: array, hashes: list[int]) -> None:
-        self.tokens, self.hashes = tokens, hashes
+    def __init__(self, tokens: array, hashes: list[int], source: Optional[array] = None) -> None:
+        self.tokens, self.hashes, self.source = tokens, hashes, source
 
 
 class HashMemo:
@@ -54,7 +54,7 @@ class HashMemo:
         elif rid is None:
             kept = RequestHashes(ids, [])
         else:
-            kept = self._by_rid[rid] = RequestHashes(array("q", ids), [])
+            kept = self._by_rid[rid] = RequestHashes(array("q", ids), [], ids)
             if len(self._by_rid) > self.capacity:
                 self._by_rid.popitem(last=False)
         if cached is None:
@@ -68,12 +68,16 @@ class HashMemo:
         ids. numpy compares 128K ids in ~70 us; comparing array slices costs ~1.3 ms (per element,
         in Python objects) and copies both."""
         n = min(len(ids), len(kept.tokens))
-        same = np.array_equal(np.frombuffer(kept.tokens, np.int64, n), np.frombuffer(ids, np.int64, n))
+        if ids is kept.source:  # SGLang only appends to a request's token array, or replaces it
+            same = True
+        else:
+            same = np.array_equal(np.frombuffer(kept.tokens, np.int64, n), np.frombuffer(ids, np.int64, n))
         # the numpy views are gone here: an array cannot grow while its buffer is exported
         if not same:
             return False
         if len(ids) > n:
             kept.tokens.extend(ids[n:])
+        kept.source = ids
         return True
 
     def drop(self, rid: str) -> None:
