@@ -100,7 +100,7 @@ class PrefillManager(PrfaasKVManager):
         sent = self._send_pieces(room, infos, kv_indices, index_slice, sync, (state_indices, aux_index), is_last_chunk)
         if sent is None:
             return
-        if self.layerwise is not None:
+        if self.layerwise is not None and not is_last_chunk:  # after the last, the watch thread forgets the room
             self.layerwise.note_queued(room, index_slice.stop)
         if is_last_chunk and not sent and room not in self._open:
             self.update_status(room, KVPoll.Success)  # nothing of ours goes to these decode ranks
