@@ -109,13 +109,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--profile", choices=sorted(PROFILES), default="memory-bound")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds of the three phases (default: the profile's)")
     ap.add_argument("--out", default="out/bench_unified_pool.json")
     ap.add_argument("--log-dir", default="out/bench_unified_pool_logs")
     args = ap.parse_args()
     path = ensure(MODEL)
     vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)
-    profile = PROFILES[args.profile]
+    profile = {**PROFILES[args.profile], **({"rounds": args.rounds} if args.rounds else {})}
+    args.profile_used = profile
     servers = {name: SGLangServer(ServerSpec(str(path), free_port(), **MEMORY, **profile["sched"],
                                              log_path=f"{args.log_dir}/{name}.log",
                                              extra_args=extra + ("--enable-cache-report",)))
@@ -141,29 +143,34 @@ def report(results: dict, args) -> None:
     for rows in results.values():
         for row, base in zip(rows, ref_outputs):
             row["same_outputs_as_sglang"] = sum(a == b and a is not None for a, b in zip(row.pop("outputs"), base))
-    summary = {name: summarize(rows) for name, rows in results.items()}
+    summary = {name: summarize(rows, results["sglang"]) for name, rows in results.items()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"model": MODEL, "memory": MEMORY, "profile": args.profile,
-                                          **PROFILES[args.profile], "seed": args.seed, "summary": summary,
+                                          **args.profile_used, "seed": args.seed, "summary": summary,
                                           "results": results}, indent=1))
-    print("| phase | server | ok | req/s median [min, max] | max running | max queued | hit rate | same outputs |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| phase | server | ok | req/s median [min, max] | x sglang | max running | max queued | hit rate | same outputs |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for phase in summary["sglang"]:
         for name in results:
             r = summary[name][phase]
             print(f"| {phase} | {name} | {r['ok']}/{r['requests']} | {r['rps_median']} [{r['rps_min']}, "
-                  f"{r['rps_max']}] | {r['max_running']} | {r['max_queued']} | {r['hit_rate']} | "
-                  f"{r['same']}/{r['requests']} |")
+                  f"{r['rps_max']}] | {r['x_sglang']} | {r['max_running']} | {r['max_queued']} | "
+                  f"{r['hit_rate']} | {r['same']}/{r['requests']} |")
 
 
-def summarize(rows: list[dict]) -> dict:
-    """Per phase over the rounds: median [min, max] requests/s, the most running/queued, tokens hit."""
+def summarize(rows: list[dict], ref: list[dict]) -> dict:
+    """Per phase over the rounds: median [min, max] requests/s, the median of the per-round ratios to
+    `ref` (the same prompts, measured back to back: a load spike skews one round, not the median), the
+    most running/queued, tokens hit."""
     out: dict = {}
     for phase in dict.fromkeys(r["phase"] for r in rows):
         mine = [r for r in rows if r["phase"] == phase]
+        base = [r for r in ref if r["phase"] == phase]
         rps = sorted(r["requests_per_s"] for r in mine)
+        x = float(np.median([a["requests_per_s"] / b["requests_per_s"] for a, b in zip(mine, base)]))
         out[phase] = {"rounds": len(mine), "ok": sum(r["ok"] for r in mine), "requests": sum(r["requests"] for r in mine),
                       "rps_median": rps[len(rps) // 2], "rps_min": rps[0], "rps_max": rps[-1],
+                      "x_sglang": round(x, 2),
                       "max_running": max(r["max_running"] for r in mine),
                       "max_queued": max(r["max_queued"] for r in mine),
                       "hit_rate": round(sum(r["prefix_hit_rate"] for r in mine) / len(mine), 3),
