@@ -22,6 +22,7 @@ from prfaas_sgl.tools.launch import free_port
 
 from .conftest import HYBRID, farm_for, spec
 from .pd import generate_body, pd_generate, post
+from .prompt_trees import check_tree, prompt_tree
 from .prompts import prompt_ids
 from .reference import hf_greedy
 
@@ -169,3 +170,18 @@ def test_burst_exhausting_both_pools_waits_and_stays_consistent(farm, model_path
         again = _pd(farm, prompts[-1])
         assert again["output_ids"] == outs[-1]["output_ids"]
     assert again["prefill"]["meta_info"]["cached_tokens"] == 640 and again["meta_info"]["cached_tokens"] == 688
+
+
+def test_random_prompt_trees_through_both_pools_match_no_cache(farm, model_paths):
+    """GDN, PD with the pool on both sides: a random tree of shared prefixes (prompt_trees.py; <= 1,000
+    tokens each against 2,048 on each side, so both evict between hits) gives the colocated no-cache
+    server's greedy tokens on every prompt, whichever side hits."""
+    p, colocated = farm["prefill"], farm["colocated"].url
+    hits, _ = check_tree(prompt_tree(model_paths["hybrid"], seed=22, n=10, max_len=1000),
+                         lambda body: pd_generate(p.url, farm["decode"].url, p.spec.bootstrap_port, body),
+                         lambda body: post(colocated + "/generate", body),
+                         lambda out: out["meta_info"]["cached_tokens"] + out["prefill"]["meta_info"]["cached_tokens"])
+    assert hits >= 3, f"only {hits} of 10 prompts hit a pool; the tree no longer tests hits"
+    for name in ("prefill", "decode"):
+        _, errors, _, _ = _log_facts(farm, name)
+        assert errors == 0, name

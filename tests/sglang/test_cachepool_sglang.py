@@ -15,6 +15,7 @@ import pytest
 
 from .conftest import HYBRID, farm_for, spec
 from .pd import generate_body, post
+from .prompt_trees import check_tree, prompt_tree
 from .prompts import prompt_ids
 from .reference import hf_greedy
 
@@ -81,6 +82,17 @@ def test_exhausting_the_pool_waits_and_stays_consistent(farm, model_paths):
     assert again["output_ids"] == _gen(farm["nocache"].url, prompts[0], 16)["output_ids"]
     ok, tracebacks = _integrity_lines(farm)
     assert ok >= len(prompts) + 2 and tracebacks == 0  # one check per release
+
+
+
+def test_random_prompt_trees_hit_the_pool_and_match_no_cache(farm, model_paths):
+    """GDN, colocated: a random tree of shared prefixes (prompt_trees.py; <= 1,000 tokens each against the
+    2,048-token pool, so entries are evicted between hits) gives the no-cache server's greedy tokens."""
+    pool, nocache = farm["pool"].url, farm["nocache"].url
+    hits, _ = check_tree(prompt_tree(model_paths["hybrid"], seed=21, n=10, max_len=1000),
+                         lambda body: post(pool + "/generate", body), lambda body: post(nocache + "/generate", body),
+                         lambda out: out["meta_info"]["cached_tokens"])
+    assert hits >= 3, f"only {hits} of 10 prompts hit the pool; the tree no longer tests hits"
 
 
 def _find(obj, key):
