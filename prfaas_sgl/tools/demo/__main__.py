@@ -141,12 +141,13 @@ def use_shares(args) -> bool:
     return True
 
 
-def planner_step(model: str, args, shared: bool) -> dict[str, plan.Prediction]:
-    """Profile (cached), then the planner's predictions for the demo's three configurations."""
+def planner_step(model: str, args, shared: bool) -> tuple[dict[str, plan.Prediction], dict]:
+    """Profile (cached), then the planner's predictions for the demo's configurations and the router's
+    prefill-time model from the same profile."""
     prof = profile.load_or_measure(model, args.profile_cache, args.out / "logs" / "profile.log", say, shared)
     preds = plan.predict(plan.system(prof, args.link_mbit, args.scale, 1024 * args.scale))
     print(plan.format_predictions(preds), flush=True)
-    return preds
+    return preds, plan.router_cost(prof)
 
 
 def measured_phases(router: LiveRouter, stack: Stack, args, tokenizer: str, prom, preds,
@@ -215,11 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     keys = args.out / "keys"
     generate_keys(str(keys))  # the demo runs secure, as a deployment must on routable addresses
     shared = use_shares(args)
-    preds = planner_step(model, args, shared)
+    preds, cost = planner_step(model, args, shared)
     threshold = preds["bandwidth_aware"].threshold or args.threshold
     with demo_link(args.link_mbit) as link:
         dep = deployment(link, "tiny:tiny-qwen35-hybrid", args.backend, threshold, args.link_mbit, str(keys),
-                         shares=shared)
+                         shares=shared, cost=cost)
         stack = Stack(monitor.with_metrics(dep), "demo", args.out / "logs", say=say)  # servers; router below
         prom = router = None
         rows, runs, parts, lines = [], {}, [], []

@@ -69,10 +69,10 @@ def with_shares(server: ServerEntry) -> ServerEntry:
 
 
 def deployment(link: DemoLink, model: str, backend: str, threshold: int, link_mbit: float,
-               keys_dir: str | None = None, shares: bool = False) -> Deployment:
+               keys_dir: str | None = None, shares: bool = False, cost: dict | None = None) -> Deployment:
     """`keys_dir` (made by `prfaas keys`): CURVE and an authenticated Register on the data plane, which
     prfaas_zmq requires once the link's routable addresses are used. `shares`: each server gets its pool's
-    CPU share (hardware.py)."""
+    CPU share (hardware.py). `cost`: router keys of its prefill-time model (plan.router_cost)."""
     boot_remote, boot_local = free_port(), free_port()
     # The remote prefill's transport serves its link counters (bound to its side of the link, so the router
     # and Prometheus in the local namespace reach it): the router's link telemetry and the dashboard's
@@ -102,6 +102,7 @@ def deployment(link: DemoLink, model: str, backend: str, threshold: int, link_mb
     }
     if shares:
         servers = tuple(map(with_shares, servers))
+    router.update(cost or {})
     if stats:
         router["transport_stats_url"] = f"http://{link.remote_ip}:{stats[1]}/stats"
     keys = ("--prfaas-zmq-curve-keys", keys_dir) if keys_dir and backend == "prfaas_zmq" else ()
