@@ -68,10 +68,9 @@ def problem(share: CpuShare, root: Path = CGROUP_CPU) -> str | None:
 class CpuGroup:
     """One server's cgroup under `root`/prfaas/ and the command prefix that puts the server in it.
 
-    `cap_when_healthy`: the group starts uncapped and unpinned, and `cap()` applies the quota and the core set
-    once the server serves. The share emulates serving hardware; loading torch and the model is not what it
-    models: under a 0.12-core quota a CPU SGLang server's ~60 s start-up would take ~8 minutes, and three
-    servers pinned to one core while loading took 200 s against 96 s for one alone."""
+    `cap_when_healthy`: the group starts uncapped and `cap()` applies the quota once the server serves. The
+    share emulates serving hardware; loading torch and the model is not what it models, and under a 0.12-core
+    quota a CPU SGLang server's ~60 s start-up would take ~8 minutes."""
 
     def __init__(self, name: str, share: CpuShare, root: Path = CGROUP_CPU, cap_when_healthy: bool = False) -> None:
         if not name or "/" in name or name in (".", ".."):
@@ -90,23 +89,9 @@ class CpuGroup:
         self.set_cores(None if self.cap_when_healthy else self.share.cores)
 
     def cap(self) -> None:
-        """Apply the share's quota and core set (a group created with `cap_when_healthy` runs without them
-        until then)."""
-        if self.share.cores is None or not self.path.exists():
-            return
-        self.set_cores(self.share.cores)
-        if self.cap_when_healthy and self.share.cpus:
-            self._pin_tasks()
-
-    def _pin_tasks(self) -> None:
-        """Every thread of the group onto the share's cores. A thread inherits its creator's affinity, so one
-        created while this runs may escape: a second pass, after the first pinned its creator, catches it."""
-        for _ in range(2):
-            for tid in (self.path / "tasks").read_text().split():
-                try:
-                    os.sched_setaffinity(int(tid), self.share.cpus)
-                except ProcessLookupError:  # exited meanwhile
-                    pass
+        """Apply the share's quota (a group created with `cap_when_healthy` runs uncapped until then)."""
+        if self.share.cores is not None and self.path.exists():
+            self.set_cores(self.share.cores)
 
     def set_cores(self, cores: float | None) -> None:
         """Change the running group's quota (None: uncapped); the profiling step measures one server under
@@ -121,7 +106,7 @@ class CpuGroup:
 
     def wrap(self, cmd: list[str]) -> list[str]:
         """`cmd` started inside the group and on the cores; `exec` keeps the pid (and its death signal)."""
-        if self.share.cpus and not (self.cap_when_healthy and self.share.cores is not None):
+        if self.share.cpus:
             cmd = ["taskset", "-c", ",".join(map(str, self.share.cpus)), *cmd]
         if self.share.cores is None:
             return cmd
