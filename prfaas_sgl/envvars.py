@@ -45,8 +45,9 @@ REGISTRY: tuple[EnvVar, ...] = (
            "import", "off / 0 / false: never install the sgl_kernel stand-in (read at interpreter start).",
            ("prfaas_sgl/srt/cpu/shim.py",)),
     EnvVar("SGLANG_USE_CPU_ENGINE", "GPU engine",
-           "SGLang's switch to its CPU engine; 1 also makes the plugin install its CPU fixes.",
-           ("prfaas_sgl/srt/compat.py",)),
+           "SGLang's switch to its CPU engine; 1 also makes the plugin install its CPU fixes and the "
+           "interpreter-start hook refuse CUDA-only libraries (srt/cpu/cuda_only.py).",
+           ("prfaas_sgl/srt/compat.py", "prfaas_sgl/srt/cpu/cuda_only.py")),
     EnvVar("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "SGLang's default, 300 s",
            "SGLang's decode waiting timeout; a prfaas_zmq prefill keeps a room (and its peer's registration) "
            "this long plus the bootstrap timeout.",
