@@ -141,6 +141,8 @@ class LayerwiseConfig:
         0 = off: every chunk leaves after its forward (the chunk path).
     min_tokens: prompts shorter than this keep the chunk path, and so does every batch holding one
         (a short prompt's forward is too short for its groups to overlap with anything).
+    Off by default: scripts/bench_layerwise.py (docs/benchmarks.md) measured no consistent TTFT gain on CPU
+    servers with a 2-layer model, whose chunk forward (~0.2 s) is the most its groups can overlap.
     """
 
     layers_per_group: int = knob(0, "Layer-wise KV streaming on a prfaas_zmq prefill: full-attention layers "
