@@ -162,11 +162,15 @@ def main() -> int:
 
 
 def _commit() -> str:
+    # GPU_CHECK_COMMIT first: a `git archive` snapshot has no .git, so git answers for whatever repository
+    # encloses the copy on the device machine (its metadata was stale there: it named an old commit)
+    if os.environ.get("GPU_CHECK_COMMIT"):
+        return os.environ["GPU_CHECK_COMMIT"]
     try:
         r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        return r.stdout.strip() or os.environ.get("GPU_CHECK_COMMIT", "unknown")
+        return r.stdout.strip() or "unknown"
     except OSError:  # no git on the machine
-        return os.environ.get("GPU_CHECK_COMMIT", "unknown")
+        return "unknown"
 
 
 def _save(out: Path, report: dict) -> None:

@@ -79,3 +79,8 @@ def test_repack_rewrites_record_to_the_kept_files(tmp_path):
         digest = base64.urlsafe_b64encode(hashlib.sha256(files[n]).digest()).rstrip(b"=").decode()
         assert f"{n},sha256={digest},{len(files[n])}" in record
     assert record[-1] == "flashinfer_python-0.7.2.dist-info/RECORD,,"
+
+
+def test_the_commit_named_by_the_caller_wins_over_git(monkeypatch):
+    monkeypatch.setenv("GPU_CHECK_COMMIT", "abc1234")
+    assert gpu_check._commit() == "abc1234"
