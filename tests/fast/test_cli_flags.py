@@ -15,12 +15,13 @@ SNAPSHOT = Path(__file__).parent / "data" / "cli_flags.json"
 # router's policy settings started to be generated from PolicyParams (before, only /admin/routing set them).
 # The supervisor actuator's flags: the controller acts on servers `prfaas up` owns.
 # --prfaas-unified-pool: one slab for KV and linear-attention states.
+# --prfaas-layerwise-*: layer-group streaming of a prompt's KV while later layers compute (off by default).
 # The router's admission limits (requests at once, body bytes in flight, body deadline) and its per-instance
 # circuit breaker.
 ADDED = {"router": {"--pace-max-s", "--pace-step-s", "--actuator", "--supervisor-urls", "--supervisor-token",
                     "--switch-confirm", "--switch-dwell-s", "--max-concurrent-requests", "--max-body-bytes-in-flight",
                     "--body-timeout-s", "--breaker-failures", "--breaker-cooldown-s"},
-         "prfaas": {"--prfaas-unified-pool"}}
+         "prfaas": {"--prfaas-unified-pool", "--prfaas-layerwise-layers-per-group", "--prfaas-layerwise-min-tokens"}}
 
 
 def _action(a: argparse.Action, group: str) -> dict:

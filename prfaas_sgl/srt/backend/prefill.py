@@ -23,7 +23,7 @@ from prfaas_sgl.srt.backend.layerwise import make_streamer
 from prfaas_sgl.srt.backend.manager import PrfaasKVManager
 from prfaas_sgl.srt.backend.memory import index_len, stager_sync, transfer_id
 from prfaas_sgl.srt.backend.rooms import Unstarted, join_problem, page_overflow
-from prfaas_sgl.srt.backend.tp import (WHOLE, Pairing, head_bytes, layout_problem, pairing, total_kv_heads,
+from prfaas_sgl.srt.backend.tp import (WHOLE, Pairing, layout_problem, pairing, pool_head_bytes, total_kv_heads,
                                       with_state_runs)
 from prfaas_sgl.srt.backend.tp_state import Side
 from prfaas_sgl.srt.backend.settings import faults_from_env, offset_port
@@ -164,7 +164,7 @@ class PrefillManager(PrfaasKVManager):
             return WHOLE
         # states that cannot be sliced (`problem`) have no tensors: such a peer was refused at Register
         return pairing(my_tp, peer.attn_tp_size, self._src_rank, peer.tp_rank, total_kv_heads(self.kv_args, my_tp),
-                       self.kv_args.page_size, head_bytes(self.memory, self.kv_args, my_tp), self.state_shapes.tensors)
+                       self.kv_args.page_size, pool_head_bytes(self.memory, self.kv_args, my_tp), self.state_shapes.tensors)
 
     @property
     def _src_rank(self) -> int:

@@ -174,7 +174,8 @@ def total_kv_heads(kv_args: Any, tp: int) -> int:
     return total or int(getattr(kv_args, "kv_head_num", 0) or 0) * tp
 
 
-def head_bytes(memory: Any, kv_args: Any, tp: int) -> int:
-    """Bytes of one KV head of one token in `memory`'s first K/V buffer (rank of a `tp`-way model)."""
+def pool_head_bytes(memory: Any, kv_args: Any, tp: int) -> int:
+    """Bytes of one KV head of one token in `memory`'s first K/V buffer (rank of a `tp`-way model). Not
+    `head_bytes` above, which computes the same from a layout buffer's item length."""
     item = memory.layout.buffers[memory.kv_ids[0]].item_len
     return item // (kv_args.page_size * max(1, total_kv_heads(kv_args, tp) // tp))
