@@ -1,0 +1,77 @@
+"""The storage tier's interface, and Mooncake Store behind it.
+
+A backend stores opaque encoded entries (entry.py) by key. It may lose any entry at any time (evicted,
+restarted empty, disk full): a failed put is a dropped entry and a failed get a miss. Backends return
+False/None for what they know failed and may raise for the rest; TierStack turns both into misses.
+
+SGLang's HiCache `file` backend is the embedded default (prfaas_sgl/srt/cachepool_backend/tier_storage.py
+wraps it; this package does not import sglang). `MooncakeStoreBackend` talks to a Mooncake master over
+TCP with Mooncake's own client (`mooncake.store.MooncakeDistributedStore`).
+"""
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+
+class StorageBackend(Protocol):
+    def put(self, key: str, blob: bytes) -> bool:
+        """Store blob under key (an existing key is kept as is); False if it was not stored."""
+
+    def get(self, key: str, size: int) -> Optional[bytes]:
+        """The blob under key, or None. size: the bytes a complete entry has (a backend that reads
+        into a preallocated buffer needs it; a shorter or longer blob is still returned as is)."""
+
+    def exists(self, key: str) -> bool: ...
+
+    def remove(self, key: str) -> None: ...
+
+    def clear(self) -> None: ...
+
+
+NO_SPACE = -200  # measured: a put right after a master restart (segment not remounted yet); the store is up
+
+
+class MooncakeStoreBackend:
+    """Mooncake Store over TCP. local_host: the address this client's transfer engine listens on and
+    advertises; pin it (127.0.0.1 on one machine) or Mooncake picks the first NIC (eth0).
+    segment_bytes: memory this client contributes to the store (where puts land on one machine)."""
+
+    def __init__(self, master: str, metadata: str = "P2PHANDSHAKE", local_host: str = "127.0.0.1",
+                 segment_bytes: int = 256 << 20, buffer_bytes: int = 64 << 20) -> None:
+        from mooncake.store import MooncakeDistributedStore
+
+        self.master = master
+        self._store = MooncakeDistributedStore()
+        rc = self._store.setup(local_host, metadata, segment_bytes, buffer_bytes, "tcp", "", master)
+        if rc != 0:
+            raise ConnectionError(f"Mooncake store setup against master {master} (metadata {metadata}) "
+                                  f"returned {rc}; is mooncake_master running there?")
+
+    # Mooncake answers with negative codes, not exceptions; a code that says the master or the
+    # transfer failed (RPC_FAIL -900, ...) is raised so the tier stack backs off
+    def put(self, key: str, blob: bytes) -> bool:
+        if self.exists(key):
+            return True
+        rc = self._store.put(key, blob)
+        if rc < 0 and rc != NO_SPACE:
+            raise ConnectionError(f"Mooncake put {key}: error {rc}")
+        return rc == 0
+
+    def get(self, key: str, size: int) -> Optional[bytes]:
+        blob = self._store.get(key)
+        return blob if blob else None  # Mooncake answers a missing key with b""
+
+    def exists(self, key: str) -> bool:
+        rc = self._store.is_exist(key)
+        if rc < 0:
+            raise ConnectionError(f"Mooncake is_exist {key}: error {rc}")
+        return rc == 1
+
+    def remove(self, key: str) -> None:
+        self._store.remove(key)
+
+    def clear(self) -> None:
+        self._store.remove_all()
+
+    def close(self) -> None:
+        self._store.close()
