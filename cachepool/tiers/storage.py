@@ -68,7 +68,9 @@ class MooncakeStoreBackend:
         return rc == 1
 
     def remove(self, key: str) -> None:
-        self._store.remove(key)
+        # force: a get just took a 10 s lease on the object (the master's default_kv_lease_ttl), and a
+        # corrupt entry must go now, not after it
+        self._store.remove(key, True)
 
     def clear(self) -> None:
         self._store.remove_all()
