@@ -175,3 +175,29 @@ def test_the_router_compares_the_pools_with_the_profiled_prefill_times(tmp_path)
     rcfg = RouterConfig.from_flags(**dep.router_fields(tokenizer_path=str(tmp_path)))
     assert rcfg.cost.local_coef == tuple(cost["local_prefill_coef"])
     assert rcfg.cost.remote_coef == tuple(cost["remote_prefill_coef"])
+
+
+def test_after_a_flush_the_router_no_longer_takes_a_long_prompt_for_cached_on_a_local_server(tmp_path):
+    """Repetitions reuse their prompts: a homogeneous run leaves them all in the router's index of the local
+    prefill servers, and the next PrfaaS run, caches flushed, must still send the long ones to PrfaaS."""
+    from prfaas_sgl.cachepool.hashing import block_hashes
+    from prfaas_sgl.router.cluster import Cluster
+    from prfaas_sgl.router.config import RouterConfig
+    from prfaas_sgl.router.policy import make_policy
+    from prfaas_sgl.tools.demo.live import forget_caches
+
+    dep = deployment(LOOPBACK, "tiny:tiny-qwen35-hybrid", "prfaas_zmq", 187, 20.0)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    cfg = RouterConfig.from_flags(**dep.router_fields(tokenizer_path=str(tmp_path)))
+    cluster = Cluster(cfg)
+    for inst in cluster.instances.values():
+        inst.healthy = True
+    cluster.drain("local-prefill-1")  # the PrfaaS phase's servers
+    policy = make_policy("bandwidth_aware", cfg.policy_params, cfg.cost)
+    prompt = list(range(10, 10 + 697))
+    hashes = block_hashes(prompt, cfg.block_size)
+    cluster.instances["local-prefill-0"].index.insert(hashes)  # the homogeneous run routed it there
+    assert policy.decide(cluster.route_input(len(prompt), hashes, 0.0)).route == "local"
+    forget_caches(cluster)
+    d = policy.decide(cluster.route_input(len(prompt), hashes, 0.0))
+    assert (d.route, d.prefill, d.reason) == ("prfaas", "prfaas-0", "long")

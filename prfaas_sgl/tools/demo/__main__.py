@@ -30,7 +30,7 @@ from pathlib import Path
 
 from prfaas_sgl.tools import netns
 from prfaas_sgl.tools.demo import hardware, measure, monitor, plan, profile, quick, shift
-from prfaas_sgl.tools.demo.live import LiveRouter, use_servers
+from prfaas_sgl.tools.demo.live import LiveRouter, forget_caches, use_servers
 from prfaas_sgl.tools.demo.table import NOT_EMULATED, format_side_by_side
 from prfaas_sgl.tools.demo.topology import EQUAL_COST, PHASES, DemoLink, Phase, deployment
 from prfaas_sgl.tools.deploy.up import Stack, resolve_model
@@ -164,6 +164,7 @@ def measured_phases(router: LiveRouter, stack: Stack, args, tokenizer: str, prom
                 f"{', '.join(phase.servers)}")
             router.call(lambda r: use_servers(r.cluster, phase.servers))
             measure.flush_caches([s.url for s in stack.dep.servers])
+            router.call(lambda r: forget_caches(r.cluster))
             for name in phase.merged:
                 stack.servers[name].cpu.set_cores(2 * stack.servers[name].cpu.share.cores)
             try:

@@ -10,6 +10,7 @@ from prfaas_sgl.router.app import RouterHandle, start_router
 from prfaas_sgl.router.cluster import Cluster
 from prfaas_sgl.router.config import RouterConfig
 from prfaas_sgl.router.controller_api import Controller
+from prfaas_sgl.router.prefix_index import ApproxIndex, ExactIndex
 
 
 def use_servers(cluster: Cluster, names: tuple[str, ...]) -> None:
@@ -22,6 +23,21 @@ def use_servers(cluster: Cluster, names: tuple[str, ...]) -> None:
             cluster.undrain(name)
         elif not inst.draining:
             cluster.drain(name)
+
+
+def forget_caches(cluster: Cluster) -> None:
+    """The servers' prefix caches were flushed: empty the router's index of each, as SGLang emptied the cache.
+
+    Without KV events the router's index holds what it routed to a server, and a flush does not reach it. The
+    demo's repetitions reuse their prompts, so after one homogeneous run the index held every prompt on the local
+    prefill servers: the next PrfaaS run judged long prompts "cached" there, routed them local as short, and the
+    0.105-core server recomputed them whole (offload 70% -> 52% -> 44% over three repetitions, throughput
+    4.15 -> 1.73 -> 1.41 req/s)."""
+    for inst in cluster.instances.values():
+        if isinstance(inst.index, ExactIndex):
+            inst.index.cleared()
+        else:
+            inst.index = ApproxIndex(inst.index.capacity)
 
 
 class LiveRouter:
