@@ -47,6 +47,20 @@ class PrfaasConfig:
         False, "One memory pool for full-attention KV and linear-attention states: SGLang's KV and "
         "Mamba pools become one slab of aligned blocks with one free list, so memory flows to whichever "
         "the load needs. Colocated hybrid models with --radix-cache-backend prfaas_hybrid, --page-size 1.")
+    tier_host_bytes: int = knob(
+        0, "Host-memory tier below the prfaas_hybrid device pool, in bytes (0 = off): evicted KV blocks and "
+        "linear-attention state checkpoints are kept here (LRU) and loaded back on a later prefix hit. "
+        "Colocated linear-attention hybrid models only, for now.")
+    tier_storage: str = knob(
+        "none", "Storage tier below the host tier (or below the device pool without one): 'file' (SGLang's "
+        "HiCache file backend, in --prfaas-tier-storage-path) or 'mooncake' (Mooncake Store over TCP).",
+        choices=("none", "file", "mooncake"))
+    tier_storage_path: str = knob("/tmp/prfaas-tiers", "Directory of the 'file' storage tier.")
+    tier_storage_bytes: int = knob(0, "Bound of the 'file' storage tier in bytes, LRU beyond it (0 = no bound).")
+    tier_mooncake_master: str = knob("127.0.0.1:50051", "host:port of the mooncake_master the 'mooncake' tier uses.")
+    tier_mooncake_metadata: str = knob(
+        "P2PHANDSHAKE", "Mooncake metadata server ('P2PHANDSHAKE': none, peers exchange it directly; or the "
+        "http://host:port/metadata of mooncake_master --enable_http_metadata_server).")
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -56,6 +70,8 @@ class PrfaasConfig:
             ipaddress.ip_address(self.zmq_stats_host)
         except ValueError:
             raise ValueError(f"--prfaas-zmq-stats-host must be an IP address, got {self.zmq_stats_host!r}") from None
+        if self.tier_host_bytes < 0 or self.tier_storage_bytes < 0:
+            raise ValueError("--prfaas-tier-host-bytes and --prfaas-tier-storage-bytes must be >= 0")
         for name in ("zmq_data_port", "zmq_stats_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:

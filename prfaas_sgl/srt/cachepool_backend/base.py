@@ -84,6 +84,7 @@ class PrfaasHybridCache(BasePrefixCache):
             self.token_to_kv_pool_allocator.device, (str, torch.device)) else torch.device(
             self.token_to_kv_pool_allocator.device)
         self._ids = itertools.count()
+        self.tiers = None  # host/storage tiers below the pool (tier_cache.attach), if the flags ask
         self.reset()
 
     @classmethod
@@ -103,6 +104,8 @@ class PrfaasHybridCache(BasePrefixCache):
         self.memo = HashMemo(self.bs, pool.cfg.hash_seed)
         self._reqs: dict[int, Entry] = {}  # by req_pool_idx (unique while the row is held)
         self.root_node = Node(array("q"), ())
+        if self.tiers is not None:  # a flush drops what this server cached; a shared store keeps its part
+            self.tiers.clear_host()
 
     def _groups(self) -> tuple[GroupSpec, ...]:
         """The pool's groups, the full-attention one first (`_mirror` reads managers[0])."""
@@ -129,16 +132,24 @@ class PrfaasHybridCache(BasePrefixCache):
         """Mirror the pool's events; SWA entries whose full entry went (or that memory cannot back)
         are dropped from the pool too (none outside sliding.py). Returns (KV tokens, states, window
         tokens) removed."""
-        tokens, states, windows = self.mirror.apply(self.pool.drain_events(), insert)
+        tokens, states, windows = self.mirror.apply(self._events(), insert)
         dropped = self.mirror.take_orphans() + (insert.swa_rejected if insert is not None else [])
         while dropped:
             self.pool.uncache(SWA, dropped)
-            t, s, w = self.mirror.apply(self.pool.drain_events())
+            t, s, w = self.mirror.apply(self._events())
             tokens, states, windows = tokens + t, states + s, windows + w
             dropped = self.mirror.take_orphans()
         if insert is not None:
             insert.swa_rejected = []
         return tokens, states, windows
+
+    def _events(self) -> list:
+        """The pool's events since the last call; with tiers, what they remove is demoted first (its
+        memory is still intact here: the mirror frees it)."""
+        events = self.pool.drain_events()
+        if self.tiers is not None:
+            self.tiers.demote(events)
+        return events
 
     # -- match and locks ------------------------------------------------------------------------
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
@@ -149,7 +160,10 @@ class PrfaasHybridCache(BasePrefixCache):
         # hashed up to the first block the KV index lacks: a new prompt costs one block, not its length
         seen = self.memo.get(getattr(params.req, "rid", None), ids, cached=self.mirror.kv_of.__contains__)
         k = self.pool.match(ids, seen.hashes) // self.bs
-        return self._result(self._matched(params, Node(seen.tokens[:k * self.bs], tuple(seen.hashes[:k]))))
+        node = Node(seen.tokens[:k * self.bs], tuple(seen.hashes[:k]))
+        if self.tiers is not None:  # past the device hit, from the lower tiers (loaded back now)
+            node = self.tiers.extend(params, node, ids)
+        return self._result(self._matched(params, node))
 
     def _matched(self, params: MatchPrefixParams, node: Node) -> Node:
         """The hit this kind serves for the pool's KV match `node` (here: all of it)."""

@@ -27,7 +27,10 @@ def build(ctx) -> PrfaasHybridCache:
     if problems:
         raise ValueError("--radix-cache-backend prfaas_hybrid: " + "; ".join(problems))
     kind = kind_for(ctx, mode)
-    return kind(ctx.params, kind.config_for(ctx, mode))
+    cache = kind(ctx.params, kind.config_for(ctx, mode))
+    from .tier_cache import attach  # the tier modules load only in a server that builds this cache
+
+    return attach(cache, ctx, mode)
 
 
 def kind_for(ctx, mode: str) -> type[PrfaasHybridCache]:

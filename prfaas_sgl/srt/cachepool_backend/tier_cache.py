@@ -1,0 +1,206 @@
+"""Host and storage tiers under a prfaas_hybrid cache (`--prfaas-tier-*`): what the device pool evicts is
+demoted, and a match that misses the device pool is extended from the tiers by loading the bytes back.
+
+    evict:  pool BlockRemoved(full h)  -> KV bytes of kv_table[kv_of[h]]   -> TierStack.put(KV, h)
+            pool BlockRemoved(linear h)-> state bytes of state_of[h]        -> TierStack.put(STATE, h)
+            (read before the mirror gives the slots back: Tiers.demote runs on the drained events)
+    match:  device hit k0 -> plan.extension: k (KV for [k0, k), a state at every grid boundary of (k0, k])
+            -> allocate KV slots / state slots (evicting LRU entries; the device hit is held by a pool
+            request) -> TierStack.get each missing entry -> write it into its slots -> index it through
+            that pool request one checkpoint at a time, as a request's own checkpoints would -> free it.
+
+The load is synchronous on the scheduler thread (a device<-host copy per entry before the forward); a
+load overlapped with the forward layer by layer (HiCache's LayerDoneCounter) is later work. A tier
+fault (missing, corrupt, storage down) ends the extension at the last boundary loaded in full: the rest
+is recomputed.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+from array import array
+from typing import Optional
+
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+from prfaas_sgl.cachepool import BlockRemoved
+from prfaas_sgl.cachepool.tiers import KV, STATE, Fingerprint, HostTier, TierStack
+from prfaas_sgl.cachepool.tiers.plan import extension
+
+from .mirror import FULL, LINEAR, Insert
+from .tier_io import PoolBytes
+from .tier_storage import build_storage
+
+log = logging.getLogger(__name__)
+_ONE_TOKEN = array("q", [0])
+
+
+def attach(cache, ctx, mode: str):
+    """Give `cache` its tiers if the server's flags ask for them; refuses what they cannot serve yet."""
+    from prfaas_sgl.srt import flags
+
+    cfg = flags.get_config(ctx.server_args)
+    if cfg.tier_host_bytes == 0 and cfg.tier_storage == "none":
+        return cache
+    from .linear import LinearStateCache
+
+    if not isinstance(cache, LinearStateCache) or mode != "null":
+        raise ValueError("--prfaas-tier-*: the host and storage tiers serve colocated linear-attention hybrid "
+                         f"models only for now (this server: {type(cache).__name__}, mode {mode})")
+    io = PoolBytes(cache.token_to_kv_pool_allocator.get_kvcache(), cache.req_to_token_pool.mamba_pool, cache.bs)
+    fp = Fingerprint(f"{ctx.server_args.model_path}|tp{ctx.tp_rank}/{ctx.tp_size}|{io.layout()}"
+                     f"|seed={cache.pool.cfg.hash_seed}")
+    storage = build_storage(cfg.tier_storage, cfg.tier_storage_path, cfg.tier_storage_bytes,
+                            cfg.tier_mooncake_master, cfg.tier_mooncake_metadata, ctx.tp_rank, ctx.tp_size)
+    host = HostTier(cfg.tier_host_bytes) if cfg.tier_host_bytes else None
+    cache.tiers = Tiers(cache, TierStack(fp, host, storage), io)
+    log.info("prfaas_hybrid tiers: host %d bytes, storage %s; entries: KV %d bytes, state %d bytes",
+             cfg.tier_host_bytes, cfg.tier_storage, io.kv_bytes, io.state_bytes)
+    return cache
+
+
+class Tiers:
+    def __init__(self, cache, stack: TierStack, io: PoolBytes) -> None:
+        self.cache, self.stack, self.io = cache, stack, io
+        self._ids = itertools.count()
+        self.loaded_blocks = self.loaded_states = 0
+
+    # -- demotion -----------------------------------------------------------------------------
+    def demote(self, events: list) -> None:
+        """Copy out what the pool just evicted, before the mirror frees its memory."""
+        mirror = self.cache.mirror
+        for ev in events:
+            if not isinstance(ev, BlockRemoved):
+                continue
+            for h in ev.block_hashes:
+                if ev.group == FULL and h in mirror.kv_of:
+                    self.stack.put(KV, h, self.io.read_kv(mirror.kv_slots([h])))
+                elif ev.group == LINEAR and h in mirror.state_of:
+                    self.stack.put(STATE, h, self.io.read_state(self._physical(mirror.state_of[h])))
+
+    def clear_host(self) -> None:
+        self.stack.clear_host()
+
+    # -- extension ----------------------------------------------------------------------------
+    def extend(self, params, node, ids) -> tuple:
+        """The node for the longest hit the device pool plus the tiers give (`node` if none): the
+        tiers' part is in the device pool afterwards, indexed and idle (LRU-recent)."""
+        c = self.cache
+        if not (params.cow_mamba and params.req is not None):
+            return node
+        k0, limit = len(node.hashes), max(0, len(ids) - 1) // c.bs
+        if k0 >= limit:
+            return node
+        seen = c.memo.get(getattr(params.req, "rid", None), ids, cached=self._has_kv)
+        step = c.cfg.checkpoint_interval // c.bs
+        k = extension(seen.hashes, k0, limit, step, self._has_kv, self._has_state)
+        if k == k0:
+            return node
+        k = self._load(seen, k0, k, step)
+        return type(node)(seen.tokens[:k * c.bs], tuple(seen.hashes[:k])) if k > k0 else node
+
+    def _has_kv(self, h: int) -> bool:
+        return h in self.cache.mirror.kv_of or self.stack.contains(KV, h)
+
+    def _has_state(self, h: int) -> bool:
+        return h in self.cache.mirror.state_of or self.stack.contains(STATE, h)
+
+    def _load(self, seen, k0: int, k: int, step: int) -> int:
+        """Load blocks [k0, k) into the device pool; returns the hit reached (a grid boundary)."""
+        c, bs = self.cache, self.cache.bs
+        load_id = f"tierload:{next(self._ids)}"
+        hashes = seen.hashes[:k]
+        start = c.pool.admit(load_id, seen.tokens[:k * bs] + _ONE_TOKEN, num_tokens=k0 * bs,
+                             hashes=hashes).num_cached_tokens // bs  # holds the device hit [0, k0)
+        c._drain()
+        try:
+            if start != k0:
+                return k0
+            kv_slots, states = self._allocate(hashes, k0, k, step)
+            return self._fill_and_index(load_id, hashes, k0, k, step, kv_slots, states)
+        finally:
+            c.pool.free(load_id)
+            c._drain()
+
+    def _missing(self, hashes: list[int], k0: int, k: int, step: int) -> tuple[list[int], list[int]]:
+        """Blocks of [k0, k) whose KV, and grid boundaries of (k0, k] whose state, the device lacks."""
+        m = self.cache.mirror
+        kv = [j for j in range(k0, k) if hashes[j] not in m.kv_of]
+        st = [b for b in range(k0 + step, k + 1, step) if hashes[b - 1] not in m.state_of]
+        return kv, st
+
+    def _allocate(self, hashes, k0, k, step) -> tuple[list[torch.Tensor], list]:
+        """Slots for what is missing (evicting LRU entries, which may demote more): KV slot blocks of bs,
+        state slots; fewer if the device cannot free enough."""
+        c, bs = self.cache, self.cache.bs
+        kv_need, st_need = self._missing(hashes, k0, k, step)
+        alloc = c.token_to_kv_pool_allocator
+        slots = alloc.alloc(len(kv_need) * bs) if kv_need else torch.empty(0, dtype=torch.int64)
+        if slots is None:
+            c.evict(EvictParams(num_tokens=len(kv_need) * bs))
+            slots = alloc.alloc(len(kv_need) * bs)
+        kv_slots = [] if slots is None else list(slots.view(-1, bs)) if kv_need else []
+        states = []
+        for _ in st_need:
+            s = c._alloc_state()
+            if s is None:
+                break
+            states.append(s)
+        return kv_slots, states
+
+    def _fill_and_index(self, load_id, hashes, k0, k, step, kv_slots, states) -> int:
+        """Fetch and write each missing entry, indexing one checkpoint interval at a time; stops at the
+        first interval it cannot complete. Unused slots go back."""
+        c, bs = self.cache, self.cache.bs
+        row = torch.zeros(k * bs, dtype=torch.int64, device=c.device)
+        reached = k0
+        try:
+            for b in range(k0 + step, k + 1, step):
+                insert = self._fill_interval(hashes, b, step, row, kv_slots, states)
+                if insert is None:
+                    break
+                c.pool.grow(load_id, b * bs)
+                c._drain()
+                c.pool.commit(load_id, b * bs)
+                c._drain(insert)
+                assert insert.state is None and len(insert.stored_blocks) == len(insert.pos_of), \
+                    "a loaded entry was not indexed"
+                reached = b
+        finally:
+            if kv_slots:
+                c.token_to_kv_pool_allocator.free(torch.cat(kv_slots))
+            for s in states:
+                c._free_state(s)
+        self.loaded_blocks += reached - k0
+        return reached
+
+    def _fill_interval(self, hashes, b, step, row, kv_slots, states) -> Optional[Insert]:
+        """Write the missing KV of blocks [b - step, b) and the missing state at b into fresh slots
+        (taken from the lists); None if an entry is unavailable or slots ran out."""
+        m, bs, io = self.cache.mirror, self.cache.bs, self.io
+        pos_of, taken = {}, 0
+        for j in range(b - step, b):
+            h = hashes[j]
+            if h in m.kv_of:
+                continue
+            payload = self.stack.get(KV, h, io.kv_bytes) if taken < len(kv_slots) else None
+            if payload is None:
+                return None
+            io.write_kv(kv_slots[taken], payload)
+            row[j * bs:(j + 1) * bs] = kv_slots[taken]
+            pos_of[h], taken = j, taken + 1
+        h = hashes[b - 1]
+        state = None
+        if h not in m.state_of:
+            payload = self.stack.get(STATE, h, io.state_bytes) if states else None
+            if payload is None:
+                return None  # the KV slots written above stay in kv_slots: freed with the rest
+            state = states.pop(0)
+            io.write_state(self._physical(state), payload)
+            self.loaded_states += 1
+        del kv_slots[:taken]  # the tree owns them once the interval is indexed
+        return Insert(row, pos_of, h if state is not None else None, state)
+
+    def _physical(self, slot):
+        return self.cache.req_to_token_pool.translate_mamba_indices(slot)

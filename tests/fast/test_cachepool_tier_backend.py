@@ -1,0 +1,138 @@
+"""prfaas_hybrid with tiers, in process over SGLang's real MambaPool and KV allocator (CPU tensors): what
+the device pool evicts is demoted (KV blocks and state checkpoints), a later match of the same prompt is
+extended from the host or file tier and loads the exact bytes back into fresh slots, and every tier
+fault (corrupt entry, tier too small, another model's entries) ends the hit early instead of raising."""
+from __future__ import annotations
+
+from array import array
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
+from sglang.srt.mem_cache.memory_pool import MambaPool
+from sglang.srt.mem_cache.radix_cache import RadixKey
+
+from prfaas_sgl.cachepool.tiers import KV
+from prfaas_sgl.config import PrfaasConfig
+from prfaas_sgl.srt import flags
+from prfaas_sgl.srt.cachepool_backend import cache as backend
+
+CHUNK, SLOTS, KV_TOKENS = 32, 8, 3 * 32
+PROMPT = list(range(100, 100 + 2 * CHUNK + 5))
+
+
+def _cache(tmp_path, model: str = "tiny", **tier_flags):
+    shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=64, n_groups=2, num_heads=4, head_dim=16,
+                                    state_size=16, conv_kernel=4)
+    mamba = MambaPool(size=SLOTS, spec_state_size=0, cache_params=Mamba2CacheParams(shape=shape, layers=[0, 1]),
+                      mamba_layer_ids=[0, 1], device="cpu")
+    free = set(range(3, SLOTS + 1))  # slots 1-2 are the requests' own
+
+    def alloc(k):
+        return torch.tensor([free.pop() for _ in range(k)], dtype=torch.int64) if len(free) >= k else None
+
+    rtp = NS(req_to_token=torch.zeros((4, 256), dtype=torch.int32), mamba_pool=mamba,
+             mamba_allocator=NS(alloc=alloc, free=lambda idx: free.update(idx.reshape(-1).tolist())),
+             translate_mamba_indices=lambda i: i, free_mamba_cache=lambda req: None)
+    kvcache = NS(k_buffer=[torch.zeros(KV_TOKENS + 1, 2, 8) for _ in range(2)],
+                 v_buffer=[torch.zeros(KV_TOKENS + 1, 2, 8) for _ in range(2)])
+    kv = TokenToKVPoolAllocator(KV_TOKENS, torch.float32, "cpu", kvcache, False)
+    cfg = PrfaasConfig(tier_storage_path=str(tmp_path / "l3"), **tier_flags)
+    args = NS(chunked_prefill_size=CHUNK, disaggregation_mode="null", model_path=model, **{flags.CONFIG_ATTR: cfg})
+    ctx = NS(params=NS(page_size=1, token_to_kv_pool_allocator=kv, req_to_token_pool=rtp), server_args=args,
+             is_hybrid_ssm=True, is_hybrid_swa=False, enable_hierarchical_cache=False, disable_radix_cache=False,
+             tp_rank=0, tp_size=1)
+    return backend.build(ctx), mamba, kv, kvcache
+
+
+def _compute(cache, mamba, kv, kvcache, tokens, seed):
+    """What a prefill of `tokens` leaves: random KV in its row, a random state at each chunk end
+    (checkpointed), then the request's release. Returns {boundary: state tensors}, the row's KV."""
+    g = torch.Generator().manual_seed(seed)
+    req = NS(rid=f"r{seed}", extra_key=None, cache_salt=None, full_untruncated_fill_ids=array("q", tokens),
+             kv=NS(req_pool_idx=0, mamba_pool_idx=torch.tensor(1), mamba_cow_src_index=None,
+                   mamba_needs_clear=False, holds_mamba=True))
+    slots = kv.alloc(len(tokens))
+    cache.req_to_token_pool.req_to_token[0, :len(tokens)] = slots.to(torch.int32)
+    for t in kvcache.k_buffer + kvcache.v_buffer:
+        t[slots] = torch.randn(t[slots].shape, generator=g)
+    states = {}
+    for b in range(CHUNK, len(tokens) + 1, CHUNK):
+        for t in [*mamba.mamba_cache.conv, mamba.mamba_cache.temporal]:
+            t[:, 1] = torch.randn(t[:, 1].shape, generator=g).to(t.dtype)
+        states[b] = [t[:, 1].clone() for t in [*mamba.mamba_cache.conv, mamba.mamba_cache.temporal]]
+        cache.checkpoint(req, up_to=b)
+    kv_of_token = [torch.cat([t[slots[i]].reshape(-1) for t in kvcache.k_buffer + kvcache.v_buffer])
+                   for i in range(len(tokens))]
+    kv.free(slots[len(tokens) // CHUNK * CHUNK:])  # the tail SGLang frees; the tree took the full blocks
+    cache.on_release(req, checkpointed=True)
+    return states, kv_of_token
+
+
+def _match(cache, tokens):
+    req = NS(rid="again", kv=NS(req_pool_idx=1, mamba_pool_idx=torch.tensor(2), mamba_cow_src_index=None,
+                                mamba_needs_clear=False, holds_mamba=True))
+    res = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens)), req=req, cow_mamba=True))
+    return res, req
+
+
+def _evict_all(cache):
+    cache.evict(EvictParams(num_tokens=KV_TOKENS, mamba_num=SLOTS))
+    assert not cache.mirror.kv_of and not cache.mirror.state_of
+
+
+@pytest.mark.parametrize("tiers", [dict(tier_host_bytes=1 << 20), dict(tier_storage="file")], ids=["host", "file"])
+def test_an_evicted_prefix_is_loaded_back_byte_exact(tmp_path, tiers):
+    cache, mamba, kv, kvcache = _cache(tmp_path, **tiers)
+    states, kv_bytes = _compute(cache, mamba, kv, kvcache, PROMPT, seed=1)
+    _evict_all(cache)
+    assert cache.tiers.stack.stats.put == 4  # 2 KV blocks + 2 state checkpoints
+    res, req = _match(cache, PROMPT + [7])
+    assert res.device_prefix_len == 2 * CHUNK
+    slots = cache.path_device_indices(res.last_device_node)
+    for i, s in enumerate(slots.tolist()):
+        got = torch.cat([t[s].reshape(-1) for t in kvcache.k_buffer + kvcache.v_buffer])
+        assert torch.equal(got, kv_bytes[i]), i
+    src = int(req.kv.mamba_cow_src_index)  # the loaded checkpoint the scheduler copies into the request
+    for want, t in zip(states[2 * CHUNK], [*mamba.mamba_cache.conv, mamba.mamba_cache.temporal]):
+        assert torch.equal(t[:, src], want)
+    cache.check_integrity()
+    assert cache.tiers.loaded_blocks == 2 and cache.tiers.loaded_states == 2
+
+
+def test_a_corrupt_block_ends_the_hit_at_the_boundary_before_it(tmp_path):
+    cache, mamba, kv, kvcache = _cache(tmp_path, tier_host_bytes=1 << 20)
+    _compute(cache, mamba, kv, kvcache, PROMPT, seed=2)
+    _evict_all(cache)
+    host, key = cache.tiers.stack.host, cache.tiers.stack.fp.key(KV, cache.memo.get("x", PROMPT).hashes[1])
+    blob = bytearray(host.get(key))
+    blob[-3] ^= 0x10
+    host.put(key, bytes(blob))
+    res, _ = _match(cache, PROMPT + [7])
+    assert res.device_prefix_len == CHUNK and cache.tiers.stack.stats.corrupt == 1
+    cache.check_integrity()
+    assert kv.available_size() + cache.evictable_size() == KV_TOKENS  # nothing leaked
+
+
+def test_a_tier_too_small_misses_and_recomputes(tmp_path):
+    cache, mamba, kv, kvcache = _cache(tmp_path, tier_host_bytes=1000)  # smaller than one KV block
+    _compute(cache, mamba, kv, kvcache, PROMPT, seed=3)
+    _evict_all(cache)
+    res, _ = _match(cache, PROMPT + [7])
+    assert res.device_prefix_len == 0 and cache.tiers.stack.stats.dropped == 4
+
+
+def test_another_models_entries_in_a_shared_store_are_never_loaded(tmp_path):
+    writer, mamba, kv, kvcache = _cache(tmp_path, model="model-a", tier_storage="file")
+    _compute(writer, mamba, kv, kvcache, PROMPT, seed=4)
+    _evict_all(writer)
+    reader = _cache(tmp_path, model="model-b", tier_storage="file")[0]
+    res, _ = _match(reader, PROMPT + [7])
+    assert res.device_prefix_len == 0
+
+
+def test_without_tier_flags_the_cache_has_no_tiers(tmp_path):
+    assert _cache(tmp_path)[0].tiers is None
