@@ -20,6 +20,7 @@ from sglang.srt.utils.network import config_socket, is_valid_ipv6_address
 
 from prfaas_sgl.srt import flags
 from prfaas_sgl.srt.backend import control
+from prfaas_sgl.srt.backend.idle_park import Waker
 from prfaas_sgl.srt.backend.memory import KVMemory
 from prfaas_sgl.srt.backend.settings import insecure_problem, transfer_config
 from prfaas_sgl.srt.backend.tp_state import StateShapes, local_states
@@ -44,6 +45,7 @@ class PrfaasKVManager(CommonKVManager):
     kv_status_msg_tag = control.STATUS_TAG
     kv_status_msg_carries_reason = True
     reports_transfer_latency = True
+    idle_waker: Waker | None = None  # set first thing in __init__ (tests build managers without it)
 
     def __new__(cls, *args, **kw):
         if cls is PrfaasKVManager:  # the base alone serves neither role: it would fail at the first request
@@ -60,6 +62,7 @@ class PrfaasKVManager(CommonKVManager):
             # pointers cannot be viewed: fail at start-up, not with a crash at the first transfer
             raise ValueError(f"--disaggregation-transfer-backend prfaas_zmq runs on --device cpu or cuda, "
                              f"got {device!r}; use mooncake there")
+        self.idle_waker = Waker()  # wakes a scheduler parked on our rooms (idle_park) at every status change
         super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
         self.prfaas_config = flags.get_config(server_args)
         problem = insecure_problem(self.prfaas_config, self.local_ip)
@@ -81,6 +84,11 @@ class PrfaasKVManager(CommonKVManager):
         """This rank's state slots as SGLang describes them (tp_state), for peers at another attention TP;
         or why they cannot be sliced (a peer at another TP is then refused with it)."""
         return local_states(self.kv_args, self.memory)
+
+    def update_status(self, bootstrap_room: int, status: KVPoll):
+        super().update_status(bootstrap_room, status)
+        if self.idle_waker is not None:
+            self.idle_waker.wake()
 
     @property
     def state_ids(self) -> tuple[int, ...]:

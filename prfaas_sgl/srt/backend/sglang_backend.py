@@ -7,7 +7,9 @@
 - `--disaggregation-transfer-backend prfaas_zmq` as a CLI choice;
 - AROUND `disaggregation.utils.get_kv_class`: our classes for PRFAAS_ZMQ, SGLang's for the rest;
 - AROUND `Scheduler.run_batch`: layer-group streaming (`layerwise_hooks`), a pass-through unless a
-  prfaas_zmq prefill runs with `--prfaas-layerwise-layers-per-group`.
+  prfaas_zmq prefill runs with `--prfaas-layerwise-layers-per-group`;
+- AROUND `Scheduler.on_idle`: a PD scheduler of ours that only waits on transfers parks instead of
+  spinning (`idle_park`), with `--sleep-on-idle`.
 
 Every other place SGLang tests the backend name (`== "mooncake"` for staging buffers, HiSparse, DCP,
 layer split, unified memory, prefill_complete allocation) concerns features prfaas_zmq does not offer,
@@ -34,6 +36,9 @@ def register(HookRegistry, HookType) -> None:
     from prfaas_sgl.srt.backend import layerwise_hooks  # inert unless a prefill's streamer is on
 
     layerwise_hooks.register(HookRegistry, HookType)
+    from prfaas_sgl.srt.backend import idle_park
+
+    idle_park.register(HookRegistry, HookType)
 
 
 def extend_enum(original: type[enum.Enum]) -> type[enum.Enum]:
