@@ -1,4 +1,5 @@
-"""The cost model of one deployment: KV bytes crossing the link, prefill time and queue wait.
+"""The cost model of one deployment: KV bytes crossing the link, the part of them still to cross once the
+prefill's last forward ends, prefill time and queue wait.
 
 Shared by the routing policies (router/policy.py), the router's link accounting (router/routing.py) and the
 simulator. Pure arithmetic. Units: tokens, bytes, seconds.
@@ -6,9 +7,56 @@ simulator. Pure arithmetic. Units: tokens, bytes, seconds.
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass
+import math
+from dataclasses import MISSING, dataclass, field, fields
 
 from prfaas_sgl.cliargs import FieldError, knob
+from prfaas_sgl.transfer.config import LayerwiseConfig
+
+_LAYERWISE = {f.name: f.default for f in fields(LayerwiseConfig)}  # the servers' defaults, declared there
+
+
+@dataclass(frozen=True, slots=True)
+class Streaming:
+    """How a PrfaaS prefill hands a request's KV to the link while it computes, in the servers' own settings;
+    what it decides is the share of the KV that can only leave after the last forward (the exposed tail)::
+
+        prompt of l uncached tokens, chunks of C:  |--C--|--C--|--C--|-last-|
+        chunk path   each chunk's pages leave after its forward      tail = last chunk's pages
+        layer-wise   each group of layers' pages leave as it ends    tail = last chunk's last group
+                     (l >= min_tokens, layers_per_group > 0)            = last chunk / ceil(layers / group)
+        both         linear/SWA states and the aux row                  leave after the last forward
+
+    Everything before the tail streams while later chunks compute, so a remote request's KV is ready at
+    max(link drains its bytes, prefill end + tail bytes / rate): the paper's Eq. 3 min, with the tail kept.
+    """
+
+    chunk_tokens: int = knob(8192, "the PrfaaS prefills' --chunked-prefill-size (tokens per forward; 0 = one "
+                                   "forward for the whole prompt)")
+    attention_layers: int = knob(0, "the model's full-attention (KV-carrying) layers; layer-wise streaming "
+                                    "splits each chunk's KV into groups of them (0 = not known: no groups)")
+    layers_per_group: int = knob(_LAYERWISE["layers_per_group"], "the PrfaaS prefills' "
+                                 "--prfaas-layerwise-layers-per-group (0 = off)")
+    min_tokens: int = knob(_LAYERWISE["min_tokens"], "the PrfaaS prefills' --prfaas-layerwise-min-tokens")
+
+    def __post_init__(self) -> None:
+        if self.chunk_tokens < 0 or self.attention_layers < 0:
+            raise FieldError("chunk_tokens", "chunk_tokens and attention_layers must be >= 0")
+        LayerwiseConfig(self.layers_per_group, self.min_tokens)  # the servers' own checks
+
+    def groups(self, tokens: int) -> int:
+        """Layer groups a chunk of a ``tokens``-token prompt streams in (1 = the chunk path)."""
+        if self.layers_per_group <= 0 or self.attention_layers <= 0 or tokens < self.min_tokens:
+            return 1
+        return math.ceil(self.attention_layers / self.layers_per_group)
+
+    def tail_fraction(self, tokens: int) -> float:
+        """Share of a ``tokens``-token prompt's KV pages that leaves after its last forward."""
+        if tokens <= 0:
+            return 0.0
+        chunk = self.chunk_tokens if 0 < self.chunk_tokens < tokens else tokens
+        last = tokens - (math.ceil(tokens / chunk) - 1) * chunk
+        return last / tokens / self.groups(tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +71,7 @@ class ModelCost:
     state_bytes: float = knob(0.0, "fixed per-request state bytes (linear/SWA states + aux)")
     local_coef: tuple[float, float, float] = knob((0.0, 1e-4, 0.0), "local prefill s = a + b*l + c*l^2")
     remote_coef: tuple[float, float, float] = knob((0.0, 5e-5, 0.0), "remote prefill s = a + b*l + c*l^2")
+    streaming: Streaming = field(default_factory=Streaming)  # how the PrfaaS prefills stream (the tail)
 
     def __post_init__(self) -> None:
         if self.kv_bytes_per_token <= 0:
@@ -40,6 +89,10 @@ class ModelCost:
         """Bytes crossing the link for ``tokens`` of KV plus the fixed state."""
         return self.state_bytes + self.kv_bytes_per_token * max(tokens, 0)
 
+    def tail_bytes(self, tokens: int) -> float:
+        """Of ``kv_bytes(tokens)``, the bytes that leave only after the prefill's last forward."""
+        return self.state_bytes + self.kv_bytes_per_token * max(tokens, 0) * self.streaming.tail_fraction(tokens)
+
     def prefill_s_local(self, tokens: int) -> float:
         return _quad(self.local_coef, tokens)
 
@@ -52,6 +105,13 @@ class ModelCost:
 
     def wait_s_remote(self, inflight: int, queued_tokens: int) -> float:
         return queue_wait_s(self.remote_coef, inflight, queued_tokens)
+
+
+def kv_ready_s(compute_s: float, drain_s: float, tail_s: float) -> float:
+    """When a remote request's KV is all at decode (seconds, or absolute times alike): the link drains its
+    bytes (``drain_s``) while the prefill computes (``compute_s``), but the tail (``tail_s``: tail_bytes at
+    the link's rate) can only leave once the last forward ended."""
+    return max(compute_s + tail_s, drain_s)
 
 
 def _quad(coef: tuple[float, float, float], tokens: int) -> float:

@@ -15,7 +15,7 @@ from typing import Literal, Protocol
 
 from prfaas_sgl.cliargs import FieldError, knob
 
-from .cost import ModelCost
+from .cost import ModelCost, kv_ready_s
 
 Pool = Literal["prfaas", "local_prefill", "decode"]
 Route = Literal["prfaas", "local"]
@@ -253,11 +253,13 @@ class BandwidthAwarePolicy(ThresholdPolicy):
     Estimated seconds from now until decode can start, on the instance each pool would pick::
 
         local  = wait(l) + prefill_local(L - cached_l)
-        remote = max(wait(r) + prefill_remote(L - cached_r), link_s) + queue_delay
+        remote = max(wait(r) + prefill_remote(L - cached_r) + tail_s, link_s) + queue_delay
         wait(i) = a * i.inflight + b * i.queued_tokens      (a, b of that pool's prefill fit)
         link_s  = (max(0, in_flight + queued - drain * wait(r)) + own KV bytes) * 8 / drain
+        tail_s  = own bytes that leave after the last forward (cost.Streaming) * 8 / drain
 
-    KV streams while the prefill runs (layer-wise), so compute and transfer overlap and the later one ends.
+    KV streams while the prefill runs (per chunk, or per layer group), so compute and transfer overlap and the
+    later one ends, but the tail (the last chunk's, or its last group's, pages and the states) only follows it.
     Bytes queued behind PrfaaS prefills count only for the part the link cannot clear while this request
     waits: remote queueing is compute load, already in wait(r). (The first version latched on in-flight +
     queued bytes against a 1-2 s budget, so a PrfaaS queue alone closed the route with the link half idle
@@ -304,7 +306,8 @@ class BandwidthAwarePolicy(ThresholdPolicy):
         wait_l = self.cost.wait_s_local(local.inflight, local.queued_tokens)
         local_s = wait_l + self.cost.prefill_s_local(inp.prompt_len - local.cached_prefix)
         compute_s, link_s, _ = self.remote_parts(inp, remote, req_bytes)
-        return local_s, max(compute_s, link_s) + inp.link.queue_delay_s
+        tail_s = inp.link.transfer_s(self.cost.tail_bytes(inp.prompt_len - remote.cached_prefix))
+        return local_s, kv_ready_s(compute_s, link_s, tail_s) + inp.link.queue_delay_s
 
     def moves(self, stay_s: float, move_s: float, margin: float) -> bool:
         return move_s * margin < stay_s and move_s <= self.params.target_s

@@ -8,6 +8,7 @@ from prfaas_sgl.cliargs import FieldError, field_default, flag_fields, nested, s
 
 from ..actuators.decide import DecideConfig
 from ..controller import ControllerConfig
+from ..cost import Streaming
 from ..planner.curves import ProfileError
 from ..policy import PolicyParams
 from .workload import ArrivalConfig, PrefixConfig
@@ -35,7 +36,10 @@ class SimConfig:
     sample_s: float = 10.0  # time-series resolution
     cache_blocks: int = 0  # prefix-cache capacity per instance in blocks (0 = no prefix cache)
     block_tokens: int = 512
-    kv_chunks: int = 16  # KV streams in this many chunks: only the last one's transfer follows prefill
+    # how the PrfaaS prefills stream KV (cost.Streaming, the servers' settings): only its tail follows prefill
+    kv_stream: Streaming = nested(Streaming(), {"chunk_tokens": "chunk_tokens", "attention_layers": "attention_layers",
+                                                "layers_per_group": "layerwise_layers_per_group",
+                                                "min_tokens": "layerwise_min_tokens"})
     bandwidth_trace: tuple[tuple[float, float], ...] = ()  # (time_s, fraction of link.gbps), step function
     phases: tuple[tuple[float, float, float], ...] = ()  # (start_s, Poisson rate, length scale): replaces arrival
     arrival: ArrivalConfig = field(default_factory=ArrivalConfig)
@@ -46,8 +50,8 @@ class SimConfig:
             raise ProfileError("sim.duration_s and sim.sample_s must be > 0, sim.drain_s >= 0")
         if self.slo_ttft_s <= 0 or self.slo_tpot_s <= 0:
             raise ProfileError("sim.slo_ttft_s and sim.slo_tpot_s must be > 0 seconds")
-        if self.cache_blocks < 0 or self.block_tokens < 1 or self.kv_chunks < 1:
-            raise ProfileError("sim.cache_blocks must be >= 0, sim.block_tokens and sim.kv_chunks >= 1")
+        if self.cache_blocks < 0 or self.block_tokens < 1:
+            raise ProfileError("sim.cache_blocks must be >= 0, sim.block_tokens >= 1")
         times = [t for t, _ in self.bandwidth_trace]
         if any(f <= 0 for _, f in self.bandwidth_trace) or times != sorted(times):
             raise ProfileError("sim.bandwidth_trace: expected [[time_s, fraction > 0], ...] sorted by time")

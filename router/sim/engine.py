@@ -6,7 +6,8 @@ Every routing decision is made by the router's own policy object (``router.polic
 Request timeline (seconds):
   arrival ─ queue ─ prefill_start ─────────── prefill_end ─┬─ kv_ready ─ queue ─ decode_start ─ decode_end
                     └ remote: KV streams over the link from prefill_start (pipelined) ┘
-  kv_ready = max(link transfer done, prefill_end + last chunk's transfer); local prefill: kv_ready =
+  kv_ready = max(link transfer done, prefill_end + the tail's transfer) (cost.kv_ready_s; the tail is the
+  last chunk's or, layer-wise, its last group's pages: cost.Streaming); local prefill: kv_ready =
   prefill_end (intra-cluster RDMA never binds, as in the paper). TTFT = decode_start − arrival (SGLang's
   first token comes with the prefill, the user sees it once decode admits the request).
 """
@@ -21,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..controller import LongTermController
-from ..cost import ModelCost
+from ..cost import ModelCost, Streaming, kv_ready_s
 from ..planner.curves import ProfileError
 from ..planner.model import System
 from ..policy import InstanceView, LinkView, RouteInput, make_policy
@@ -34,13 +35,15 @@ from .workload import SimRequest
 ARRIVE, PREFILL_DONE, LINK, KV_READY, DECODE, BANDWIDTH, TICK, SWITCH = range(8)
 
 
-def model_cost(sys: System) -> ModelCost:
-    """The policy's cost model: linear KV bytes and quadratic prefill fits of the scenario's profiles."""
+def model_cost(sys: System, streaming: Streaming = Streaming()) -> ModelCost:
+    """The policy's cost model: linear KV bytes and quadratic prefill fits of the scenario's profiles, and
+    the servers' streaming settings (the tail)."""
     lo, hi = max(sys.dist.lo, 1.0), sys.dist.hi
     c0, c1 = sys.kv_bytes.fit_poly(1, lo, hi)
     remote = sys.remote.prefill_s if sys.remote is not None else sys.local.prefill_s
     return ModelCost(kv_bytes_per_token=max(c1, 1e-9), state_bytes=max(c0, 0.0),
-                     local_coef=sys.local.prefill_s.fit_poly(2, lo, hi), remote_coef=remote.fit_poly(2, lo, hi))
+                     local_coef=sys.local.prefill_s.fit_poly(2, lo, hi), remote_coef=remote.fit_poly(2, lo, hi),
+                     streaming=streaming)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +77,8 @@ class Simulator:
         self.decode = {f"pd-d-{i}": DecodeServer(f"pd-d-{i}", sys.local.decode_max_batch, sys.local.decode_step_s,
                                                  ApproxIndex(cap)) for i in range(n_d)}
         params = dataclasses.replace(cfg.policy_params, threshold=int(threshold))
-        self.policy = make_policy(cfg.policy, params, model_cost(sys))
+        self.cost = model_cost(sys, cfg.kv_stream)
+        self.policy = make_policy(cfg.policy, params, self.cost)
         self.link = PSLink(sys.link_Bps * self._bw_at(0.0))
         self.committed = 0.0  # KV bytes routed remote whose transfer has not started
         self.ctl = LongTermController(cfg.controller_params, sys, split, threshold) if cfg.controller else None
@@ -177,7 +181,7 @@ class Simulator:
             self.push(t, LINK, None, self.link.version)
 
     def _tail_s(self, req: SimRequest) -> float:
-        return req.kv_bytes / self.cfg.kv_chunks / self.link.rate
+        return min(req.kv_bytes, self.cost.tail_bytes(req.incremental)) / self.link.rate
 
     def on_prefill_done(self, now: float, srv: PrefillServer, _v: int) -> None:
         req = srv.finish(now)
@@ -185,7 +189,7 @@ class Simulator:
         if srv.pool != "prfaas":
             self.push(now, KV_READY, req)
         elif not math.isnan(req.link_done):
-            self.push(max(req.link_done, now + self._tail_s(req)), KV_READY, req)
+            self.push(kv_ready_s(now, req.link_done, self._tail_s(req)), KV_READY, req)
         self._start(srv, now)
 
     def on_link(self, now: float, _obj, version: int) -> None:
@@ -194,7 +198,7 @@ class Simulator:
         for req in self.link.pop_done(now):
             req.link_done = now
             if not math.isnan(req.prefill_end):
-                self.push(max(now, req.prefill_end + self._tail_s(req)), KV_READY, req)
+                self.push(kv_ready_s(req.prefill_end, now, self._tail_s(req)), KV_READY, req)
         self._link_wakeup()
 
     def on_bandwidth(self, now: float, frac: float, _v: int) -> None:
