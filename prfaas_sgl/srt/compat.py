@@ -71,6 +71,8 @@ def _install_cache_backend(HookRegistry, HookType) -> None:
         return
     cachepool_backend.register()
     HookRegistry.register(cachepool_backend.CONFIGURE, cachepool_backend.after_configure, HookType.AFTER)
+    HookRegistry.register(cachepool_backend.DECODE_CACHE_CHECK, cachepool_backend.around_decode_cache_check,
+                          HookType.AROUND)
 
 
 # --- transfer backend ----------------------------------------------------------------------------

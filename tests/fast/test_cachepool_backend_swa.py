@@ -317,12 +317,6 @@ def test_a_running_prefill_keeps_its_checkpointed_pages_from_window_eviction():
     cache.check_integrity()
 
 
-@pytest.mark.parametrize("mode", ["prefill", "decode"])
-def test_pd_roles_are_refused_by_name(mode):
-    with pytest.raises(ValueError, match=f"colocated only, not as a {mode} server"):
-        backend.build(ctx(allocator(), mode=mode))
-
-
 def test_swa_plus_linear_and_all_swa_models_are_refused():
     with pytest.raises(ValueError, match="both sliding-window and linear-attention"):
         backend.build(ctx(allocator(), ssm=True))

@@ -3,9 +3,8 @@ MiMo-V2-Flash-style SWA : GQA = 3 : 1 model (window 128). Per family, one farm o
 greedy == HF transformers greedy; PD over prfaas_zmq (chunked prefill 512 < the 1,600-token prompt) ==
 colocated; the bytes the prefill's transport acknowledged == router/kv_accounting.py within 1% — MLA moves
 one latent buffer per layer, SWA layers only the window's pages; and `--radix-cache-backend prfaas_hybrid`
-prefix hits == the colocated server, which runs with prefix caching off: colocated for both families, and
-for Kimi also under PD with the pool on the prefill and the decode (the pool refuses SWA models as a PD
-server: docs/cachepool-swa.md, step 7)."""
+prefix hits == the colocated server, which runs with prefix caching off: colocated, and under PD with the
+pool on the prefill and the decode, for both families (MiMo's PD pair at page size 16, below)."""
 from __future__ import annotations
 
 import dataclasses
@@ -54,10 +53,9 @@ def _specs(log_dir: Path, model: str) -> dict:
     page = dict(page_size=PAGE[model])
     slots = dict(max_mamba_slots=24) if model == KIMI else {}
     pool = dict(chunked_prefill_size=GRID, max_total_tokens=4096, max_running_requests=4, **slots)
-    # PD with the pool on both sides (Kimi; the pool refuses SWA models under PD). The plain PD tests send
-    # prompts no other test sends first, so they miss both pools and move every byte.
-    pd_pool = (("--radix-cache-backend", "prfaas_hybrid", "--enable-cache-report"), CHECK) if model == KIMI \
-        else ((), {})
+    # PD with the pool on both sides. The plain PD tests send prompts no other test sends first, so they
+    # miss both pools and move every byte.
+    pd_pool = (("--radix-cache-backend", "prfaas_hybrid", "--enable-cache-report"), CHECK)
     return {
         # prefix caching off: the reference for PD and for the cache pool's hits alike
         "colocated": spec(log_dir, f"{model}_colocated", model, chunked_prefill_size=CHUNK, **page,
@@ -67,8 +65,7 @@ def _specs(log_dir: Path, model: str) -> dict:
                         extra_args=zmq + pd_pool[0] + ("--prfaas-zmq-stats-port", str(stats))),
         "decode": spec(log_dir, f"{model}_decode", model, mode="decode", transfer_backend="prfaas_zmq",
                        max_running_requests=1, **page, env=pd_pool[1],
-                       extra_args=zmq + pd_pool[0] + (("--disaggregation-decode-enable-radix-cache",)
-                                                      if pd_pool[0] else ())),
+                       extra_args=zmq + pd_pool[0] + ("--disaggregation-decode-enable-radix-cache",)),
         "pool": spec(log_dir, f"{model}_cachepool", model, **pool, env=CHECK,
                      extra_args=("--radix-cache-backend", "prfaas_hybrid", "--enable-cache-report")),
         "stats_url": f"http://127.0.0.1:{stats}/stats",
@@ -173,10 +170,11 @@ def test_random_prompt_trees_hit_the_pool_and_match_no_cache(family):
     assert hits >= 3, f"{name}: only {hits} of 10 prompts hit the pool; the tree no longer tests hits"
 
 
-@pytest.mark.parametrize("family", [KIMI], indirect=True)  # MiMo: the pool refuses SWA under PD (module doc)
 def test_random_prompt_trees_through_pd_pools_match_no_cache(family):
-    """PD route with the pool on both sides: prefill hits resume at its 512-token checkpoints, decode hits
-    skip their prefix on the wire; greedy tokens == the no-cache colocated server on every prompt."""
+    """PD route with the pool on both sides: prefill hits resume at its 512-token checkpoints (Kimi) or any
+    16-token block whose window survives (MiMo), decode hits skip their prefix on the wire (MiMo: up to
+    the window tail SGLang's decode allocates afresh); greedy tokens == the no-cache colocated server on
+    every prompt."""
     name, path, farm, _ = family
     p = farm["prefill"]
     hits, _ = check_tree(prompt_tree(path, seed=12, n=10),

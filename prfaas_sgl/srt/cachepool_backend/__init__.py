@@ -10,6 +10,7 @@ from __future__ import annotations
 
 NAME = "prfaas_hybrid"
 CONFIGURE = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure"
+DECODE_CACHE_CHECK = "sglang.srt.mem_cache.kv_cache_builder.validate_decode_radix_cache"
 
 
 def register() -> None:
@@ -35,3 +36,28 @@ def after_configure(result, configurator, *args, **kwargs):
     from .unified import unify
 
     return unify(result, configurator)
+
+
+def around_decode_cache_check(original, *, model_config, **kwargs):
+    """AROUND hook on SGLang's decode radix-cache check (`DECODE_CACHE_CHECK`). SGLang refuses a decode
+    radix cache for models whose SWA layers have their own head geometry (MiMo-V2, Gemma 4: "SWA-compress")
+    because its own tree does not handle them yet. prfaas_hybrid's decode kind for a sliding-window model
+    (decode_kv.DecodeWindowKvCache) indexes full-attention pages only and never reads an SWA page, so
+    that one refusal does not apply to it; every other check still runs."""
+    from sglang.srt.runtime_context import get_memory
+
+    if get_memory().radix_cache_backend == NAME and getattr(model_config, "is_hybrid_swa_compress", False):
+        model_config = _NotCompressed(model_config)
+    return original(model_config=model_config, **kwargs)
+
+
+class _NotCompressed:
+    """A read-only view of SGLang's ModelConfig that answers is_hybrid_swa_compress = False."""
+
+    is_hybrid_swa_compress = False
+
+    def __init__(self, config) -> None:
+        self._config = config
+
+    def __getattr__(self, name: str):
+        return getattr(self._config, name)

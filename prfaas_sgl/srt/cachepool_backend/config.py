@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+BLOCK = 16  # tokens per index block unless a kind asks otherwise
 CHECK_ENV = "PRFAAS_CACHEPOOL_CHECK"  # "1": check_integrity() after every release (debug, O(pool))
 
 
@@ -41,7 +42,7 @@ class BackendConfig:
 
 
 def from_server(chunked_prefill_size: int | None, kv_tokens: int, mamba_slots: int,
-                block_size: int = 16, role: str = "null", swa_window: int = 0) -> BackendConfig:
+                block_size: int = BLOCK, role: str = "null", swa_window: int = 0) -> BackendConfig:
     """kv_tokens / mamba_slots: SGLang's pool sizes (for a sliding-window model, its full and SWA
     slots together). The virtual pool gets twice the blocks they could ever fill, plus room for
     per-request working states, so it never evicts on its own."""

@@ -1,5 +1,6 @@
 """SlidingWindowCache: prfaas_hybrid for sliding-window hybrids (SWA + full attention, no linear layers;
-colocated only).
+colocated and PD prefill; the decode server's kind is decode_kv.DecodeWindowKvCache). Page size:
+any that divides the index block, so a cached block is whole pages.
 
 A full group and an SWA group (window = sliding_window_size + 1) instead of the linear one; a hit is
 any block boundary whose window pages survive (swa.py, docs/cachepool-swa.md). A checkpoint raises the
