@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 from prfaas_sgl.cliargs import add_fields, build, knob, nested
-from prfaas_sgl.transfer.config import LayerwiseConfig, TransferConfig
+from prfaas_sgl.transfer.config import LayerwiseConfig, OptimisticConfig, TransferConfig
 
 ROLES = ("none", "remote", "local")
 
@@ -28,6 +28,7 @@ class PrfaasConfig:
         "timeout_s": "zmq_timeout_s"})
     layerwise: LayerwiseConfig = nested(LayerwiseConfig(), {
         "layers_per_group": "layerwise_layers_per_group", "min_tokens": "layerwise_min_tokens"})
+    optimistic: OptimisticConfig = nested(OptimisticConfig(), {"max_held_tokens": "optimistic_max_held_tokens"})
     # Not TransferConfig.keys_dir: the directory also holds register.secret, and "" (no keys) is checked
     # against --prfaas-zmq-insecure and the listen address (srt/backend/settings.py sets keys_dir from it).
     zmq_curve_keys: str = knob(

@@ -164,6 +164,27 @@ class LayerwiseConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class OptimisticConfig:
+    """SGLang's optimistic prefill (`--optimistic-prefill-attempts`) on a prfaas_zmq prefill: a request is
+    computed before its decode's handshake arrived and its KV is held in the prefill's pool until then
+    (`srt/backend/optimistic.py`, counted in /stats under `optimistic`).
+
+    max_held_tokens: prompt tokens that requests computed or computing ahead of their decode may hold;
+        a request that would pass it is not started ahead and waits for its decode, as without optimistic
+        prefill. 0 = no cap (SGLang's own behaviour: only its pool bounds them).
+    """
+
+    max_held_tokens: int = knob(0, "Optimistic prefill on a prfaas_zmq prefill: prompt tokens that requests "
+                                   "computed ahead of their decode's handshake may hold; past it a request "
+                                   "waits for its decode (0 = no cap).")
+
+    def __post_init__(self) -> None:
+        if self.max_held_tokens < 0:
+            raise FieldError("max_held_tokens", f"max_held_tokens={self.max_held_tokens}: use 0 (no cap) or a "
+                             "number of tokens")
+
+
+@dataclass(frozen=True, slots=True)
 class PeerInfo:
     """Where a receiver listens. `server_key` is its CURVE public key (z85 text) when CURVE is on."""
 

@@ -15,6 +15,7 @@ import ipaddress
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import prometheus_client as prom
 from prometheus_client.core import Metric
@@ -200,6 +201,7 @@ class StatsBook:
         self._retired = {"bytes_total": 0, "transfers_done": 0}
         self._retired_failures: collections.Counter[str] = collections.Counter()
         self._layerwise: collections.Counter[str] = collections.Counter()  # layer-group streaming events
+        self._sections: dict[str, Callable[[], dict]] = {}  # more top-level keys of both snapshots, read then
 
     def count(self, name: str, n: int = 1) -> None:
         """Layer-group streaming counters (`layerwise` in both snapshots), e.g. gates opened in a forward."""
@@ -209,6 +211,16 @@ class StatsBook:
     def layerwise(self) -> dict[str, int]:
         with self._lock:
             return dict(self._layerwise)
+
+    def add_section(self, name: str, read: Callable[[], dict]) -> None:
+        """Serve ``read()`` (called on the stats thread at each request; thread-safe) as key ``name``."""
+        with self._lock:
+            self._sections[name] = read
+
+    def _extra(self) -> dict:
+        with self._lock:
+            sections = dict(self._sections)
+        return {"layerwise": self.layerwise(), **{name: read() for name, read in sections.items()}}
 
     def link(self, peer: str) -> LinkStats:
         with self._lock:
@@ -242,7 +254,7 @@ class StatsBook:
         with self._lock:
             links = list(self._links.values())
         now = time.monotonic()
-        return {"time_s": now, "links": {s.peer: s.snapshot(now) for s in links}, "layerwise": self.layerwise()}
+        return {"time_s": now, "links": {s.peer: s.snapshot(now) for s in links}, **self._extra()}
 
     def aggregate_snapshot(self) -> dict:
         """`snapshot()` with every destination summed into one link named "*" (no peer addresses); what
@@ -265,7 +277,7 @@ class StatsBook:
             "transfer_latency_s": _merged([x["transfer_latency_s"] for x in snaps]),
             "transfers_done": retired["transfers_done"] + sum(x["transfers_done"] for x in snaps),
             "failures": dict(failures),
-        }}, "layerwise": self.layerwise()}
+        }}, **self._extra()}
 
 
 def _merged(summaries: list[dict]) -> dict:

@@ -16,6 +16,7 @@ SNAPSHOT = Path(__file__).parent / "data" / "cli_flags.json"
 # The supervisor actuator's flags: the controller acts on servers `prfaas up` owns.
 # --prfaas-unified-pool: one slab for KV and linear-attention states.
 # --prfaas-layerwise-*: layer-group streaming of a prompt's KV while later layers compute (off by default).
+# --prfaas-optimistic-max-held-tokens: a cap on what optimistic prefill holds ahead of its decodes.
 # --prfaas-tier-*: host and storage tiers below the prfaas_hybrid device pool (off by default).
 # The router's admission limits (requests at once, body bytes in flight, body deadline) and its per-instance
 # circuit breaker.
@@ -23,6 +24,7 @@ ADDED = {"router": {"--pace-max-s", "--pace-step-s", "--actuator", "--supervisor
                     "--switch-confirm", "--switch-dwell-s", "--max-concurrent-requests", "--max-body-bytes-in-flight",
                     "--body-timeout-s", "--breaker-failures", "--breaker-cooldown-s"},
          "prfaas": {"--prfaas-unified-pool", "--prfaas-layerwise-layers-per-group", "--prfaas-layerwise-min-tokens",
+                    "--prfaas-optimistic-max-held-tokens",
                     "--prfaas-tier-host-bytes", "--prfaas-tier-storage", "--prfaas-tier-storage-path",
                     "--prfaas-tier-storage-bytes", "--prfaas-tier-mooncake-master", "--prfaas-tier-mooncake-metadata"}}
 

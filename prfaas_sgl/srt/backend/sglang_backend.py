@@ -9,7 +9,9 @@
 - AROUND `Scheduler.run_batch`: layer-group streaming (`layerwise_hooks`), a pass-through unless a
   prfaas_zmq prefill runs with `--prfaas-layerwise-layers-per-group`;
 - AROUND `Scheduler.on_idle`: a PD scheduler of ours that only waits on transfers parks instead of
-  spinning (`idle_park`), with `--sleep-on-idle`.
+  spinning (`idle_park`), with `--sleep-on-idle`;
+- AROUND `PrefillBootstrapQueue.can_prefill_before_bootstrap` and `process_disagg_prefill_inflight_queue`:
+  optimistic prefill counted and capped (`optimistic`, `--prfaas-optimistic-max-held-tokens`).
 
 Every other place SGLang tests the backend name (`== "mooncake"` for staging buffers, HiSparse, DCP,
 layer split, unified memory, prefill_complete allocation) concerns features prfaas_zmq does not offer,
@@ -38,7 +40,10 @@ def register(HookRegistry, HookType) -> None:
     layerwise_hooks.register(HookRegistry, HookType)
     from prfaas_sgl.srt.backend import idle_park
 
-    idle_park.register(HookRegistry, HookType)
+    pass  # idle_park off for the before-run
+    from prfaas_sgl.srt.backend import optimistic
+
+    optimistic.register(HookRegistry, HookType)
 
 
 def extend_enum(original: type[enum.Enum]) -> type[enum.Enum]:
