@@ -98,7 +98,11 @@ class Tiers:
         if k == k0:
             return node
         k = self._load(seen, k0, k, step)
-        return type(node)(seen.tokens[:k * c.bs], tuple(seen.hashes[:k])) if k > k0 else node
+        if k == k0:
+            return node
+        log.info("prfaas_hybrid tiers: hit extended from %d to %d tokens (%s)", k0 * c.bs, k * c.bs,
+                 " ".join(f"{n}={v}" for n, v in self.stack.stats.as_dict().items() if v))
+        return type(node)(seen.tokens[:k * c.bs], tuple(seen.hashes[:k]))
 
     def _has_kv(self, h: int) -> bool:
         return h in self.cache.mirror.kv_of or self.stack.contains(KV, h)
