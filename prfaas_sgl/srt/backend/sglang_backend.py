@@ -40,7 +40,7 @@ def register(HookRegistry, HookType) -> None:
     layerwise_hooks.register(HookRegistry, HookType)
     from prfaas_sgl.srt.backend import idle_park
 
-    pass  # idle_park off for the before-run
+    idle_park.register(HookRegistry, HookType)
     from prfaas_sgl.srt.backend import optimistic
 
     optimistic.register(HookRegistry, HookType)
