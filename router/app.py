@@ -43,6 +43,17 @@ BIG_BODY = 16 * 1024  # bytes; larger bodies are parsed and tokenized off the ev
 # how long the loop can wait for the GIL, and the memory of decoded bodies and encodings.
 BIG_PARSES = 2
 ADMIN_BODY_LIMIT = 64 * 1024  # bytes; a routing change is a few keys
+# SGLang's HTTP server (uvicorn) closes a connection idle for SGLANG_TIMEOUT_KEEP_ALIVE = 5 s. A pooled connection
+# kept longer races that close: the next request after an idle gap is written into a socket the server is closing
+# (ServerDisconnectedError / "Can not write request body"), which takes the decode out of rotation. In the demo,
+# after the few idle seconds between phases, that failed 63 of a run's 64 requests with one decode server.
+UPSTREAM_KEEPALIVE_S = 4.0
+
+
+def upstream_session() -> aiohttp.ClientSession:
+    """The one pooled client session to the servers: idle connections are dropped before SGLang drops them."""
+    conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=UPSTREAM_KEEPALIVE_S)
+    return aiohttp.ClientSession(connector=conn, auto_decompress=False)
 
 
 def error_response(e: ApiError) -> web.Response:
@@ -70,8 +81,7 @@ class Router:
 
     async def start(self) -> None:
         # One pooled client session for the process lifetime (no per-request sessions).
-        conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
-        self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False)
+        self.session = upstream_session()
         self.forwarder = Forwarder(self.cluster, self.session, self.metrics)
         self.zmq_ctx = zmq.asyncio.Context()
         for inst in self.cluster.instances.values():
