@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -201,3 +202,24 @@ def test_after_a_flush_the_router_no_longer_takes_a_long_prompt_for_cached_on_a_
     forget_caches(cluster)
     d = policy.decide(cluster.route_input(len(prompt), hashes, 0.0))
     assert (d.route, d.prefill, d.reason) == ("prfaas", "prfaas-0", "long")
+
+
+def test_a_run_with_failed_requests_runs_again_and_the_table_counts_what_still_failed(monkeypatch, capsys):
+    """A decode that drops a connection failed 63 of a run's 64 requests within 1.2 s: 0.80 req/s entered the
+    homogeneous mean as if measured."""
+    from prfaas_sgl.tools.demo import __main__ as demo
+
+    outcomes = iter([{"summary": {"errors": 63, "request_throughput": 0.8}},
+                     {"summary": {"errors": 0, "request_throughput": 1.5}}])
+    monkeypatch.setattr(demo, "run_policy", lambda *a, **kw: next(outcomes))
+    args = argparse.Namespace(out=Path("out"), concurrency=24, sessions=64)
+    phase = next(p for p in PHASES if p.policy == "local_only")
+    preds = {phase.key: argparse.Namespace(threshold=None)}
+    res = demo.measured_run(argparse.Namespace(url="http://router"), "tok", args, None, preds, phase, 0)
+    assert res["summary"] == {"errors": 0, "request_throughput": 1.5}
+    assert "63 of 64 requests failed: running this phase again" in capsys.readouterr().out
+    runs = measure.Runs("local_only", "homogeneous PD")
+    runs.add({"summary": {"errors": 2, "request_throughput": 1.4, "ttft_s": {"p90": 3.0}}})
+    preds = plan.predict(plan.system(_profile(6.7), 20.0, 1 / 64, 16))
+    assert measure.format_measured({"local_only": runs}, preds).splitlines()[-1].endswith("| 3.00 | 2 |")
+    assert json.loads(measure.to_json({"local_only": runs}, preds))["local_only"]["errors"] == [2]

@@ -168,9 +168,7 @@ def measured_phases(router: LiveRouter, stack: Stack, args, tokenizer: str, prom
             for name in phase.merged:
                 stack.servers[name].cpu.set_cores(2 * stack.servers[name].cpu.share.cores)
             try:
-                res = run_policy(router.url, tokenizer, args, args.out / f"rep{rep + 1}", phase.policy, prom,
-                                 name=phase.key, threshold=preds[phase.key].threshold,
-                                 concurrency=args.concurrency, warmup=2)
+                res = measured_run(router, tokenizer, args, prom, preds, phase, rep)
             finally:
                 for name in phase.merged:
                     stack.servers[name].cpu.cap()
@@ -178,6 +176,19 @@ def measured_phases(router: LiveRouter, stack: Stack, args, tokenizer: str, prom
             runs[phase.key].add(res)
             rows.append((phase.label, res))
     return rows, runs
+
+
+def measured_run(router: LiveRouter, tokenizer: str, args, prom, preds, phase: Phase, rep: int) -> dict:
+    """One closed-loop run of ``phase``; a run with failed requests is no throughput measurement (its failures
+    end in milliseconds and cut it short), so it runs once more and the table counts what still failed."""
+    run = lambda: run_policy(router.url, tokenizer, args, args.out / f"rep{rep + 1}", phase.policy,  # noqa: E731
+                             prom, name=phase.key, threshold=preds[phase.key].threshold,
+                             concurrency=args.concurrency, warmup=2)
+    res = run()
+    if res["summary"]["errors"]:
+        say(f"  {res['summary']['errors']} of {args.sessions} requests failed: running this phase again")
+        res = run()
+    return res
 
 
 def parse_args(argv):

@@ -25,10 +25,12 @@ class Runs:
     label: str
     throughput: list[float] = field(default_factory=list)
     ttft_p90: list[float] = field(default_factory=list)
+    errors: list[int] = field(default_factory=list)  # failed requests per repetition: 0 in a valid measurement
 
     def add(self, results: dict) -> None:
         s = results["summary"]
         self.throughput.append(s["request_throughput"])
+        self.errors.append(s["errors"])
         self.ttft_p90.append((s["ttft_s"] or {}).get("p90") or float("nan"))
 
     def mean(self) -> float:
@@ -75,18 +77,19 @@ def stability(runs: dict[str, Runs], preds: dict[str, Prediction]) -> str:
 def format_measured(runs: dict[str, Runs], preds: dict[str, Prediction]) -> str:
     base_m, base_p = runs["local_only"].mean(), preds["local_only"].lam
     lines = ["| policy | servers (remote + P/D) | t (tokens) | measured req/s, mean (min–max) | predicted Λ_max "
-             "| measured vs homogeneous | predicted vs homogeneous | measured TTFT p90 (s) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| measured vs homogeneous | predicted vs homogeneous | measured TTFT p90 (s) | failed requests |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for policy, r in runs.items():
         p = preds[policy]
         t = "-" if p.threshold is None else str(p.threshold)
         p90 = statistics.fmean(r.ttft_p90)
         lines.append(f"| {r.label} | {p.servers} | {t} | {r.spread()} | {p.lam:.2f} | {r.mean() / base_m:.2f}x "
-                     f"| {p.lam / base_p:.2f}x | {p90:.2f} |")
+                     f"| {p.lam / base_p:.2f}x | {p90:.2f} | {sum(r.errors)} |")
     return "\n".join(lines)
 
 
 def to_json(runs: dict[str, Runs], preds: dict[str, Prediction]) -> str:
     return json.dumps({p: {"label": r.label, "throughput_rps": r.throughput, "ttft_p90_s": r.ttft_p90,
+                           "errors": r.errors,
                            "predicted": dataclasses.asdict(preds[p])}
                        for p, r in runs.items()}, indent=1)
