@@ -3,63 +3,21 @@ on 127.0.0.1 over TCP, Mooncake's own client, every address pinned to loopback. 
 entry, the master killed (misses within one RPC timeout, never an exception) and restarted empty."""
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from prfaas_sgl.cachepool.tiers import KV, STATE, Fingerprint, HostTier, MooncakeStoreBackend, TierStack, encode
 from prfaas_sgl.cachepool.tiers.entry import HEADER_BYTES
+from prfaas_sgl.cachepool.tiers.master import MooncakeMaster
 
 FP = Fingerprint("tiny|mooncake-tier-test")
 PAYLOAD = bytes(range(256)) * 64  # 16 KiB
-MASTER = shutil.which("mooncake_master", path=str(Path(sys.executable).parent))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Master:
-    def __init__(self) -> None:
-        self.port, self.metrics = _free_port(), _free_port()
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def addr(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen([MASTER, f"--rpc_port={self.port}", "--rpc_address=127.0.0.1",
-                                      f"--metrics_port={self.metrics}"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("mooncake_master did not listen within 20 s")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
 
 
 @pytest.fixture
 def master():
-    assert MASTER, "mooncake_master is not in the venv (the mooncake wheel ships it)"
-    m = Master()
-    m.start()
+    m = MooncakeMaster().start()
     yield m
     m.stop()
 
@@ -95,7 +53,7 @@ def test_a_dead_then_empty_master_gives_misses_and_the_tier_recovers(master):
     stack.put(KV, 11, PAYLOAD)
     assert stack.get(KV, 11, len(PAYLOAD)) is None
     assert time.monotonic() - t0 < 15  # at most one RPC timeout per retry window (~4.4 s measured)
-    master.start()  # restarted empty: everything written before is gone
+    master.start()  # restarted empty (same port): everything written before is gone
     time.sleep(1.2)  # past the retry window
     assert stack.get(KV, 10, len(PAYLOAD)) is None
     deadline = time.monotonic() + 20  # the client remounts its segment on the new master

@@ -108,3 +108,17 @@ def test_a_full_file_tier_drops_the_entry_and_the_lookup_misses(tmp_path, file_b
     stack = TierStack(FP, None, store)
     stack.put(KV, 9, PAYLOAD)
     assert stack.stats.dropped == 1 and stack.get(KV, 9, len(PAYLOAD)) is None
+
+
+def test_an_extension_needs_kv_for_every_block_and_a_state_at_every_boundary():
+    from prfaas_sgl.cachepool.tiers.plan import extension
+
+    hashes = list(range(10, 20))  # 10 blocks, a checkpoint every 2
+    kv, states = set(hashes), {11, 13, 15, 17, 19}
+    ext = lambda start, limit, kv=kv, st=states: extension(hashes, start, limit, 2, kv.__contains__,  # noqa: E731
+                                                           st.__contains__)
+    assert ext(0, 10) == 10
+    assert ext(2, 7) == 6  # limit 7 is off the grid: the last boundary under it
+    assert ext(0, 10, st=states - {15}) == 4  # no state at block 6's boundary: the chain stops before it
+    assert ext(0, 10, kv=kv - {16}) == 6  # block 6 lacks KV
+    assert ext(4, 10, kv=kv - {14}) == 4  # nothing past the start: the device hit stands
