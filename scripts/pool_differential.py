@@ -7,11 +7,13 @@ tests/sglang/prompt_trees.py).
     family   model                 routes
     gdn      tiny-qwen35-hybrid    colocated pool (chunk 64), PD with the pool on prefill (chunk 64) and decode
     kimi     tiny-kimi-linear      colocated pool (chunk 64), PD with the pool on prefill (chunk 512) and decode
-    swa      tiny-mimo-v2-swa      colocated pool (chunk 64); the pool refuses SWA models under PD
+    swa      tiny-mimo-v2-swa      colocated pool (chunk 64), PD with the pool on prefill (chunk 512) and decode,
+                                   page size 16 (SGLang's SWA decode preallocates only the window tail then)
     dense: not served by the pool (it refuses models without linear or sliding-window layers; SGLang's own
            radix cache is the tool there)
 
-The pools are small (4,096 tokens), so entries are evicted between hits. One family's servers at a time.
+The pools are small (4,096 tokens), so entries are evicted between hits. One family's servers at a time;
+the report is rewritten after each family, so a run cut short keeps the families it finished.
 
     python3 scripts/pool_differential.py --prompts 60 --out docs/results/pool_differential.json
 """
@@ -31,7 +33,8 @@ from prfaas_sgl.tools.launch import SGLangServer, ServerSpec, free_port, stop_to
 from prfaas_sgl.tools.models.tiny import corpus, ensure
 from prfaas_sgl.workload.prompt_trees import kinds, prompt_tree
 
-FAMILIES = {"gdn": ("tiny-qwen35-hybrid", 64), "kimi": ("tiny-kimi-linear", 512), "swa": ("tiny-mimo-v2-swa", 0)}
+FAMILIES = {"gdn": ("tiny-qwen35-hybrid", 64), "kimi": ("tiny-kimi-linear", 512), "swa": ("tiny-mimo-v2-swa", 512)}
+PD_PAGE = {"tiny-mimo-v2-swa": 16}  # SGLang's SWA decode at page size 1 preallocates the whole prompt
 POOL = ("--radix-cache-backend", "prfaas_hybrid", "--enable-cache-report")
 CHECK = {"PRFAAS_CACHEPOOL_CHECK": "1"}
 BOUND = 1e-4
@@ -51,6 +54,7 @@ def specs(model: str, pd_chunk: int, log_dir: Path) -> dict[str, ServerSpec]:
                      extra_args=POOL, **slots)}
     if pd_chunk:
         zmq = ("--prfaas-zmq-timeout-s", "120")
+        slots = {**slots, "page_size": PD_PAGE.get(model, 1)}
         out["prefill"] = s("prefill", mode="prefill", transfer_backend="prfaas_zmq", bootstrap_port=free_port(),
                            chunked_prefill_size=pd_chunk, max_total_tokens=4096, env=CHECK, extra_args=zmq + POOL,
                            **slots)
@@ -148,8 +152,8 @@ def main(argv=None) -> int:
         for route, r in fam["routes"].items():
             print(f"{name:5s} {route:15s} prompts {r['prompts']:3d}  unequal {r['unequal']}  over-bound "
                   f"{r['over_bound']}  hits {r['hits']}  worst |dlogprob| {r['worst_dlogprob']:.2e}", flush=True)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(report, indent=1))
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(report, indent=1))
     bad = sum(r["unequal"] + r["over_bound"] for f in report["families"].values() for r in f["routes"].values())
     return 1 if bad else 0
 
