@@ -144,7 +144,8 @@ def use_shares(args) -> bool:
 def planner_step(model: str, args, shared: bool) -> tuple[dict[str, plan.Prediction], dict]:
     """Profile (cached), then the planner's predictions for the demo's configurations and the router's
     prefill-time model from the same profile."""
-    prof = profile.load_or_measure(model, args.profile_cache, args.out / "logs" / "profile.log", say, shared)
+    prof = profile.load_or_measure(model, args.profile_cache, args.out / "logs" / "profile.log", say, shared,
+                                   str(args.out / "keys"))
     preds = plan.predict(plan.system(prof, args.link_mbit, args.scale, 1024 * args.scale))
     print(plan.format_predictions(preds), flush=True)
     return preds, plan.router_cost(prof)

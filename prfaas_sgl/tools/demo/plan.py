@@ -35,21 +35,58 @@ class Prediction:
     ttft_p90_s: float  # prefill time alone, no queueing
 
 
-def hardware_of(entry: dict, name: str, decode: dict | None = None) -> Hardware:
+def hardware_of(entry: dict, name: str, decode: dict | None = None, recv_s: float = 0.0,
+                output_tokens: float = 16.0) -> Hardware:
+    """`recv_s`: decode seconds per request spent receiving its KV, folded into the step the model reads at
+    the decode batch (Θ_pdd = BS / (step · L_out) becomes 1 / (step · L_out / BS + recv_s))."""
     pre = Curve(tuple(map(float, entry["tokens"])), tuple(entry["s_per_request"]), field=f"{name}.prefill")
     if decode is None:
         return Hardware(name, pre, gpus_per_instance=1)
-    return Hardware(name, pre, decode["batch"], Curve(poly=(decode["step_s"],), field=f"{name}.decode"), 1)
+    step = decode["step_s"] + recv_s * decode["batch"] / output_tokens
+    return Hardware(name, pre, decode["batch"], Curve(poly=(step,), field=f"{name}.decode"), 1)
+
+
+def handoff_measured(profile: dict) -> bool:
+    """Whether the profile came from the PD pair (it has the handoff's receive CPU and wire bytes)."""
+    return all("decode_recv_cpu_s" in profile[p] for p in ("prfaas", "local_prefill"))
+
+
+def _pooled(profile: dict, field: str) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, values) of both prefill kinds' batches: the handoff's side does not depend on the sender."""
+    xs = [x for p in ("prfaas", "local_prefill") for x in profile[p]["tokens"]]
+    ys = [y for p in ("prfaas", "local_prefill") for y in profile[p][field]]
+    return np.asarray(xs, float), np.asarray(ys, float)
+
+
+def kv_curve(profile: dict) -> Curve:
+    """S_kv(l): the wire bytes the pair measured (a line over length), else the model's accounting."""
+    if not handoff_measured(profile):
+        return Curve(poly=(float(STATE_BYTES), float(KV_BYTES_PER_TOKEN)), field="tiny model KV")
+    b, a = np.polyfit(*_pooled(profile, "wire_bytes"), 1)
+    return Curve(poly=(max(float(a), 0.0), max(float(b), 1.0)), field="tiny model KV, measured on the wire")
+
+
+def receive_s(profile: dict, dist) -> float:
+    """Mean decode seconds per request receiving its KV, over the workload's lengths (every request's KV lands
+    on the decode, whichever prefill sent it): CPU seconds / the decode's cores, as the decode's share runs
+    one or the other."""
+    if not handoff_measured(profile):
+        return 0.0
+    b, a = np.polyfit(*_pooled(profile, "decode_recv_cpu_s"), 1)
+    lengths, w = dist.grid()
+    cpu = float(np.dot(np.maximum(a + b * lengths, 0.0), w) / w.sum())
+    return cpu / (profile["decode"].get("cores") or 1.0)
 
 
 def system(profile: dict, link_mbit: float, scale: float, output_tokens: float) -> System:
     """The demo's PrfaaS deployment (1 remote, 2 local) as the planner sees it; lengths scaled like the
-    loadgen's `paper` spec."""
+    loadgen's `paper` spec. A PD-pair profile brings the KV handoff: its prefill curves include sending,
+    its wire bytes are S_kv, and receiving takes decode time per request."""
     dist = TruncLogNormal(PAPER_MU + math.log(scale), PAPER_SIGMA, PAPER_LO * scale, PAPER_HI * scale)
-    local = hardware_of(profile["local_prefill"], "H20-like", profile["decode"])
+    local = hardware_of(profile["local_prefill"], "H20-like", profile["decode"], receive_s(profile, dist),
+                        output_tokens)
     remote = hardware_of(profile["prfaas"], "H200-like")
-    kv = Curve(poly=(float(STATE_BYTES), float(KV_BYTES_PER_TOKEN)), field="tiny model KV")
-    return System(kv, local, 2, remote, 1, link_mbit * 1e6 / 8, output_tokens, dist)
+    return System(kv_curve(profile), local, 2, remote, 1, link_mbit * 1e6 / 8, output_tokens, dist)
 
 
 def _prediction(label: str, servers: str, sys: System, st) -> Prediction:

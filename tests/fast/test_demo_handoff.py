@@ -1,0 +1,138 @@
+"""The KV handoff in the demo's planner: the profiling step's PD pair (prfaas_sgl/tools/demo/{pair,profile}.py)
+measures what sending and receiving the KV cost, and the planner's model (plan.py) charges it: the prefill
+curves include sending, the wire bytes are S_kv, and receiving takes decode time per request. The pair's real
+run is the demo's profiling step (`python -m prfaas_sgl.tools.demo`, cached in out/demo-profile.json)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from prfaas_sgl.router.planner import stages
+from prfaas_sgl.tools.demo import hardware, pair, plan, profile
+
+TOKENS = [32, 256, 1024]
+
+
+def _profile(recv_cpu_s: list[float] | None = None, wire: list[float] | None = None) -> dict:
+    local = [0.13, 0.33, 1.0]
+    doc = {"prfaas": {"tokens": TOKENS, "s_per_request": [s / 6.7 for s in local]},
+           "local_prefill": {"tokens": TOKENS, "s_per_request": local},
+           "decode": {"batch": 8, "step_s": 0.03, "cores": 0.5}}
+    if recv_cpu_s is not None:
+        for p in ("prfaas", "local_prefill"):
+            doc[p] |= {"decode_recv_cpu_s": recv_cpu_s, "wire_bytes": wire, "prefill_cpu_s": [0.0] * 3}
+    return doc
+
+
+def test_receiving_the_kv_takes_decode_capacity_by_its_cpu_over_the_decode_share():
+    """0.01 s of CPU per request on a 0.5-core decode is 0.02 s of its time: at batch 8 and 16 output tokens
+    (0.06 s of step time per request) Θ_pdd falls from 16.7 to 1 / (0.06 + 0.02) = 12.5 req/s."""
+    wire = [float(33792 + 512 * n) for n in TOKENS]
+    old = plan.system(_profile(), 20.0, 1 / 64, 16)
+    new = plan.system(_profile([0.01] * 3, wire), 20.0, 1 / 64, 16)
+    assert stages(old, 0.0, 0, 1).pdd == pytest.approx(8 / (0.03 * 16))
+    assert stages(new, 0.0, 0, 1).pdd == pytest.approx(1 / (0.03 * 16 / 8 + 0.01 / 0.5), rel=1e-6)
+
+
+def test_the_receive_cost_is_averaged_over_the_workloads_lengths():
+    """A cost that grows with length is charged at the workload's mean, not at one profiled length."""
+    wire = [float(33792 + 512 * n) for n in TOKENS]
+    sys_ = plan.system(_profile([0.002 + 1e-5 * n for n in TOKENS], wire), 20.0, 1 / 64, 16)
+    lengths, w = sys_.dist.grid()
+    mean_len = float((lengths * w).sum() / w.sum())
+    expect = (0.002 + 1e-5 * mean_len) / 0.5
+    assert plan.receive_s(_profile([0.002 + 1e-5 * n for n in TOKENS], wire), sys_.dist) == pytest.approx(
+        expect, rel=1e-3)
+
+
+def test_the_wire_bytes_the_pair_measured_are_the_planners_kv_size():
+    wire = [40_000 + 600 * n for n in TOKENS]  # e.g. framing on top of the 512 B/token the model accounts
+    sys_ = plan.system(_profile([0.0] * 3, wire), 20.0, 1 / 64, 16)
+    assert sys_.kv_bytes.at(500) == pytest.approx(40_000 + 600 * 500)
+    naive = stages(sys_, 0.0, 0, 1)
+    assert naive.prfaas_egress == pytest.approx(20e6 / 8 / (40_000 + 600 * naive.split.l_long))
+
+
+def test_a_colocated_profile_keeps_the_planners_old_model():
+    sys_ = plan.system(_profile(), 20.0, 1 / 64, 16)
+    assert not plan.handoff_measured(_profile())
+    assert sys_.kv_bytes.poly == (33792.0, 512.0)
+    assert plan.receive_s(_profile(), sys_.dist) == 0.0
+
+
+def test_the_handoff_lowers_every_pd_prediction_and_leaves_the_ordering():
+    wire = [float(33792 + 512 * n) for n in TOKENS]
+    before = plan.predict(plan.system(_profile(), 20.0, 1 / 64, 16))
+    after = plan.predict(plan.system(_profile([0.03] * 3, wire), 20.0, 1 / 64, 16))
+    assert after["all_remote"].lam < before["all_remote"].lam  # the decode now binds naive
+    assert after["all_remote"].bound == "pdd"
+    assert after["bandwidth_aware"].lam >= after["all_remote"].lam > after["local_only"].lam
+
+
+class _StandInPair:
+    """Counters that advance as a pair's would: the decode burns `idle` CPU/s plus 0.02 s per request."""
+
+    url = "http://stand-in"
+
+    def __init__(self, idle: float):
+        self.idle, self.t0, self.recv, self.bytes = idle, time.monotonic(), 0.0, 0
+
+    def counters(self):
+        return (0.5 * self.recv, self.recv + self.idle * (time.monotonic() - self.t0), self.bytes)
+
+
+def test_a_batchs_receive_cpu_is_the_decodes_cpu_less_its_idle_rate(monkeypatch):
+    p = _StandInPair(idle=0.05)
+
+    def run(url, prompts, out_tokens):
+        time.sleep(0.1)
+        p.recv += 0.02 * len(prompts)
+        p.bytes += sum(33792 + 512 * len(x) for x in prompts)
+        return 0.1
+
+    monkeypatch.setattr(profile, "makespan", run)
+    monkeypatch.setattr(profile, "PREFILL_LENGTHS", (32, 256))
+    entry = profile.prefill_curve(p, __import__("random").Random(0), idle_rate=0.05)
+    assert entry["decode_recv_cpu_s"] == pytest.approx([0.02, 0.02], abs=0.005)
+    assert entry["wire_bytes"] == [33792 + 512 * 32, 33792 + 512 * 256]
+    assert entry["prefill_cpu_s"] == pytest.approx([0.01, 0.01])
+
+
+def test_the_pair_is_the_demos_prefill_on_the_remote_core_and_its_decode_with_transport_counters():
+    dep, stats_url = pair.pair_deployment("tiny:tiny-qwen35-hybrid", "/keys", shared=True)
+    prefill, decode = dep.servers
+    assert (prefill.name, prefill.pool, decode.pool) == (pair.PREFILL, "local_prefill", "decode")
+    assert prefill.cpu_share == hardware.pool_share("prfaas")  # switched per kind by the profile
+    assert decode.cpu_share == hardware.pool_share("decode")
+    port = prefill.args[prefill.args.index("--prfaas-zmq-stats-port") + 1]
+    assert stats_url == f"http://127.0.0.1:{port}/stats"
+    assert ("--prfaas-zmq-curve-keys", "/keys") == dep.server_args  # the demo's encrypted data plane
+    assert dep.router["policy"] == "local_only" and "transport_stats_url" not in dep.router
+    unshared, _ = pair.pair_deployment("tiny:tiny-qwen35-hybrid", None, shared=False)
+    assert all(s.cpu_share is None for s in unshared.servers)
+
+
+def test_cpu_seconds_count_a_servers_child_processes():
+    burn = "import time\nt=time.process_time()\nwhile time.process_time()-t<0.3: pass\ntime.sleep(30)"
+    spawn = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}])"
+    parent = subprocess.Popen([sys.executable, "-c", spawn])
+    try:
+        deadline = time.monotonic() + 20
+        while pair.cpu_seconds(parent.pid) < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pair.cpu_seconds(parent.pid) >= 0.3
+    finally:
+        import psutil
+
+        for child in psutil.Process(parent.pid).children(recursive=True):
+            child.kill()
+        parent.kill()
+        parent.wait()
+
+
+def test_a_colocated_cached_profile_is_measured_again_on_the_pair():
+    assert profile.cache_key("/m/tiny", True)["version"] >= 2
+    assert "pair" in profile.cache_key("/m/tiny", True)["method"]
