@@ -1,12 +1,17 @@
-"""prfaas_hybrid with a host tier on a real CPU SGLang server (tiny GDN hybrid, colocated): a device pool
-of 1,024 KV tokens, prompts whose working set is several times that, and hits that the device pool no
-longer holds served from the host tier: loaded back, the cached-token count of the device-only server
-exceeded, greedy tokens equal to a server with prefix caching off, integrity checked after every release."""
+"""prfaas_hybrid with lower tiers on real CPU SGLang servers (tiny GDN hybrid, colocated): a device pool of
+1,024 KV tokens, prompts whose working set is several times that, and hits that the device pool no longer
+holds served from the tiers and loaded back, greedy tokens equal to a server with prefix caching off,
+integrity checked after every release. Two tier servers: a host tier only, and a host tier of a few
+entries over a Mooncake Store (a real mooncake_master this module starts on 127.0.0.1)."""
 from __future__ import annotations
 
 import re
+import time
+import urllib.request
 
 import pytest
+
+from prfaas_sgl.cachepool.tiers.master import MooncakeMaster
 
 from .conftest import HYBRID, farm_for, spec
 from .pd import generate_body, post
@@ -18,13 +23,25 @@ GRID = 64  # --chunked-prefill-size: state checkpoints at chunk ends
 POOL_TOKENS = 1024
 COMMON = dict(chunked_prefill_size=GRID, max_total_tokens=POOL_TOKENS, max_mamba_slots=24, max_running_requests=4)
 NEW = 8
+MASTER = MooncakeMaster()  # started before the farm (module fixture below), stopped after it
+TIER = ("--radix-cache-backend", "prfaas_hybrid", "--enable-cache-report")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def mooncake_master():
+    MASTER.start()
+    yield MASTER
+    MASTER.stop()
 
 
 def _specs(log_dir):
     return {
         "tiers": spec(log_dir, "cachepool-tiers", HYBRID, **COMMON, env={"PRFAAS_CACHEPOOL_CHECK": "1"},
-                      extra_args=("--radix-cache-backend", "prfaas_hybrid", "--enable-cache-report",
-                                  "--prfaas-tier-host-bytes", str(256 << 20))),
+                      extra_args=(*TIER, "--prfaas-tier-host-bytes", str(256 << 20))),
+        # ~8 entries of ~33 KB fit the host tier: the rest spills into Mooncake
+        "mooncake": spec(log_dir, "cachepool-tiers-mooncake", HYBRID, **COMMON, env={"PRFAAS_CACHEPOOL_CHECK": "1"},
+                         extra_args=(*TIER, "--prfaas-tier-host-bytes", str(256 << 10), "--prfaas-tier-storage",
+                                     "mooncake", "--prfaas-tier-mooncake-master", MASTER.addr)),
         "nocache": spec(log_dir, "tiers-nocache", HYBRID, **COMMON, extra_args=("--disable-radix-cache",)),
     }
 
@@ -32,26 +49,27 @@ def _specs(log_dir):
 farm = farm_for(_specs)
 
 
-def _log(farm) -> str:
-    return farm["tiers"].log_path.read_text(errors="replace")
+def _log(farm, name: str = "tiers") -> str:
+    return farm[name].log_path.read_text(errors="replace")
 
 
 def _gen(url: str, ids: list[int]) -> dict:
     return post(url + "/generate", generate_body(ids, NEW))
 
 
-def test_a_prefix_evicted_from_the_device_is_served_from_the_host_tier(farm, model_paths):
+@pytest.mark.parametrize("name, tier", [("tiers", "host_hits"), ("mooncake", "storage_hits")])
+def test_a_prefix_evicted_from_the_device_is_served_from_a_lower_tier(farm, model_paths, name, tier):
     prompts = [prompt_ids(model_paths["hybrid"], 600, seed=900 + i) for i in range(4)]  # 2,400 tokens of KV
     for p in prompts:
-        _gen(farm["tiers"].url, p)
+        _gen(farm[name].url, p)
     # prompts 2-4 (1,800 tokens) evicted prompt 1 from the 1,024-token device pool: its 9 chunks come back
-    # from the host tier
+    # from the host tier (Mooncake for the second server, whose host tier they overflowed)
     again = prompts[0] + prompt_ids(model_paths["hybrid"], 20, seed=950)
-    out = _gen(farm["tiers"].url, again)
+    out = _gen(farm[name].url, again)
     assert out["meta_info"]["cached_tokens"] == 576, out["meta_info"]
     assert out["output_ids"] == _gen(farm["nocache"].url, again)["output_ids"]
-    log = _log(farm)
-    assert re.search(r"hit extended from \d+ to 576 tokens", log), "no load from the host tier logged"
+    log = _log(farm, name)
+    assert re.search(rf"hit extended from \d+ to 576 tokens \(.*{tier}=", log), f"no load with {tier} logged"
     assert log.count("prfaas_hybrid integrity ok") >= 5 and "AssertionError" not in log
 
 
@@ -66,3 +84,17 @@ def test_random_prompt_trees_over_the_tiers_match_no_cache(farm, model_paths):
     assert hits >= 3, f"only {hits} of 10 prompts hit; the tree no longer tests hits"
     assert _log(farm).count("hit extended from") > before
     assert "AssertionError" not in _log(farm)
+
+
+def test_with_the_mooncake_master_gone_the_server_recomputes(farm, model_paths):
+    """Store down mid-run: a prompt whose chunks were demoted to Mooncake is recomputed (or served from
+    what the host tier still has), with the no-cache server's tokens, without a hang."""
+    MASTER.stop()
+    ids = prompt_ids(model_paths["hybrid"], 600, seed=901) + prompt_ids(model_paths["hybrid"], 20, seed=951)
+    t0 = time.monotonic()
+    out = _gen(farm["mooncake"].url, ids)
+    assert time.monotonic() - t0 < 120, "a request waited on the dead store"
+    assert out["output_ids"] == _gen(farm["nocache"].url, ids)["output_ids"]
+    assert urllib.request.urlopen(farm["mooncake"].url + "/health", timeout=30).status == 200
+    log = _log(farm, "mooncake")
+    assert "storage tier" in log and "treated as a miss" in log and "AssertionError" not in log
