@@ -24,7 +24,7 @@ CHUNK, SLOTS, KV_TOKENS = 32, 8, 3 * 32
 PROMPT = list(range(100, 100 + 2 * CHUNK + 5))
 
 
-def _cache(tmp_path, model: str = "tiny", **tier_flags):
+def _cache(tmp_path, model: str = "tiny", mode: str = "null", **tier_flags):
     shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=64, n_groups=2, num_heads=4, head_dim=16,
                                     state_size=16, conv_kernel=4)
     mamba = MambaPool(size=SLOTS, spec_state_size=0, cache_params=Mamba2CacheParams(shape=shape, layers=[0, 1]),
@@ -41,7 +41,7 @@ def _cache(tmp_path, model: str = "tiny", **tier_flags):
                  v_buffer=[torch.zeros(KV_TOKENS + 1, 2, 8) for _ in range(2)])
     kv = TokenToKVPoolAllocator(KV_TOKENS, torch.float32, "cpu", kvcache, False)
     cfg = PrfaasConfig(tier_storage_path=str(tmp_path / "l3"), **tier_flags)
-    args = NS(chunked_prefill_size=CHUNK, disaggregation_mode="null", model_path=model, **{flags.CONFIG_ATTR: cfg})
+    args = NS(chunked_prefill_size=CHUNK, disaggregation_mode=mode, model_path=model, **{flags.CONFIG_ATTR: cfg})
     ctx = NS(params=NS(page_size=1, token_to_kv_pool_allocator=kv, req_to_token_pool=rtp), server_args=args,
              is_hybrid_ssm=True, is_hybrid_swa=False, enable_hierarchical_cache=False, disable_radix_cache=False,
              tp_rank=0, tp_size=1)
@@ -136,3 +136,9 @@ def test_another_models_entries_in_a_shared_store_are_never_loaded(tmp_path):
 
 def test_without_tier_flags_the_cache_has_no_tiers(tmp_path):
     assert _cache(tmp_path)[0].tiers is None
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_tier_flags_on_a_pd_server_are_refused_with_a_message(tmp_path, mode):
+    with pytest.raises(ValueError, match="colocated linear-attention hybrid models only"):
+        _cache(tmp_path, mode=mode, tier_host_bytes=1 << 20)
