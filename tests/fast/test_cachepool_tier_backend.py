@@ -142,3 +142,12 @@ def test_without_tier_flags_the_cache_has_no_tiers(tmp_path):
 def test_tier_flags_on_a_pd_server_are_refused_with_a_message(tmp_path, mode):
     with pytest.raises(ValueError, match="colocated linear-attention hybrid models only"):
         _cache(tmp_path, mode=mode, tier_host_bytes=1 << 20)
+
+
+def test_a_storage_tier_that_cannot_start_leaves_the_server_serving(tmp_path):
+    """A store down at start (here: the file tier's directory is a file) is a fault like any other: the
+    server starts with what it has (the host tier, or no tiers) instead of refusing to serve."""
+    (tmp_path / "l3").write_text("not a directory")
+    cache = _cache(tmp_path, tier_host_bytes=1 << 20, tier_storage="file")[0]
+    assert cache.tiers is not None and cache.tiers.stack.storage is None
+    assert _cache(tmp_path, tier_storage="file")[0].tiers is None

@@ -51,9 +51,16 @@ def attach(cache, ctx, mode: str):
     io = PoolBytes(cache.token_to_kv_pool_allocator.get_kvcache(), cache.req_to_token_pool.mamba_pool, cache.bs)
     fp = Fingerprint(f"{ctx.server_args.model_path}|tp{ctx.tp_rank}/{ctx.tp_size}|{io.layout()}"
                      f"|seed={cache.pool.cfg.hash_seed}")
-    storage = build_storage(cfg.tier_storage, cfg.tier_storage_path, cfg.tier_storage_bytes,
-                            cfg.tier_mooncake_master, cfg.tier_mooncake_metadata, ctx.tp_rank, ctx.tp_size)
     host = HostTier(cfg.tier_host_bytes) if cfg.tier_host_bytes else None
+    try:
+        storage = build_storage(cfg.tier_storage, cfg.tier_storage_path, cfg.tier_storage_bytes,
+                                cfg.tier_mooncake_master, cfg.tier_mooncake_metadata, ctx.tp_rank, ctx.tp_size)
+    except OSError as e:  # a store down at start is a fault like any other: serve, recompute what it would hold
+        log.warning("prfaas_hybrid tiers: storage tier %r unavailable at start (%s); serving without it",
+                    cfg.tier_storage, e)
+        storage = None
+    if host is None and storage is None:
+        return cache
     cache.tiers = Tiers(cache, TierStack(fp, host, storage), io)
     log.info("prfaas_hybrid tiers: host %d bytes, storage %s; entries: KV %d bytes, state %d bytes",
              cfg.tier_host_bytes, cfg.tier_storage, io.kv_bytes, io.state_bytes)
