@@ -11,6 +11,9 @@ alternate between the two paths (a fresh prompt each time: nothing is cached), o
               transfer): the time from the prompt's last forward to the decode's first token, the
               part layer-wise streaming exists to remove (derived, not timestamped in the servers)
 
+    decode CPU  CPU seconds the decode's scheduler process used during that PD request (a scheduler that
+              spins while it waits for the KV takes them from the prefill's forward on shared cores)
+
 Round-trip delay is not emulated (this kernel's tc has no netem): only the rate. JSON to --out.
 
     sudo .venv/bin/python scripts/bench_layerwise.py --rates 50mbit,200mbit --lengths 1024,4096,7936 --reps 3
@@ -25,6 +28,8 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
+
+import psutil
 
 from prfaas_sgl.tools import netns
 from prfaas_sgl.tools.launch import SGLangServer, ServerSpec, free_port, stop_together
@@ -68,15 +73,28 @@ def timed(fn) -> tuple[float, dict]:
     return time.perf_counter() - start, out
 
 
+def scheduler_of(server: SGLangServer) -> psutil.Process:
+    return next(c for c in psutil.Process(server.proc.pid).children(recursive=True)
+                if "scheduler" in " ".join(c.cmdline()))
+
+
+def cpu_s(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
 def one_round(srv: dict, path: str, length: int, seed: int) -> dict[str, float]:
     """TTFT of one fresh prompt on the colocated server and through each prefill path."""
     body = generate_body(prompt_ids(path, length, seed=seed), 1)
     row = {}
     row["colocated"], ref = timed(lambda: post(srv["colocated"].url + "/generate", body))
+    decode = scheduler_of(srv["decode"])
     for name in random.Random(seed).sample(["chunk", "layerwise"], 2):
         p = srv[name]
+        cpu0 = cpu_s(decode)
         row[name], out = timed(lambda: pd_generate(p.url, srv["decode"].url, p.spec.bootstrap_port, body,
                                                    host=p.spec.host))
+        row[f"decode_cpu_{name}"] = cpu_s(decode) - cpu0
         if out.get("output_ids") != ref.get("output_ids"):
             raise RuntimeError(f"{name} at {length} tokens: {out.get('output_ids')} != colocated {ref.get('output_ids')}")
     return row
@@ -88,6 +106,7 @@ def summarize(rows: list[dict[str, float]]) -> dict:
         out[f"ttft_{name}_s"] = statistics.median(r[name] for r in rows)
     for name in ("chunk", "layerwise"):
         out[f"tail_{name}_s"] = statistics.median(r[name] - r["colocated"] for r in rows)
+        out[f"decode_cpu_{name}_s"] = statistics.median(r[f"decode_cpu_{name}"] for r in rows)
     return out
 
 
