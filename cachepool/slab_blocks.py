@@ -4,10 +4,11 @@ Plain Python over the cache pool's `BlockPool` (free list + ref counts): a block
 tokens, or holds one linear-attention state, never two at once. Block 0 is never handed out (SGLang
 writes padded tokens to KV slot 0 and padded requests to state slot 0, both of which lie in block 0).
 
-Capacity is one number seen from two sides. `reserve()` (a callable: the scheduler's free request
-rows) is how many states running requests may still ask for; the KV side never takes those blocks, so
-a request admitted on the KV side's free tokens always finds its working state (SGLang fails loudly if
-it does not, `alloc_req_slots`). With F free blocks, R = reserve():
+Capacity is one number seen from two sides. `reserve()` (a callable) is how many free blocks the KV
+side leaves alone, so that a state asked for later finds one (SGLang fails loudly if a request's working
+state is missing, `alloc_req_slots`). The SGLang wiring picks it (srt/cachepool_backend/unified.py):
+a small constant where states are priced when SGLang admits a request (slab_admission.py), or the
+scheduler's free request rows where they cannot be (a PD decode server). With F free blocks, R = reserve():
 
     KV    may take  usable = max(0, F - R) blocks        capacity = owned KV blocks + usable
     state may take  F blocks (F - R - 1 while KV owns     capacity = state blocks + what it may take

@@ -142,9 +142,21 @@ def test_colocated_shared_prompt_hits_and_matches_no_cache(farm, model_paths):
     _slab_built(farm, "unified")
 
 
+def test_colocated_prompt_past_the_per_row_reserve_matches_no_cache(farm, model_paths):
+    """States are priced at admission (slab_admission.py), not reserved per free row: with 16 rows the
+    KV side of 46 blocks of 80 tokens held at most (46 - 1 - 16) x 80 = 2,320 tokens that way; now up to
+    (46 - 4) x 80 = 3,360. A 3,000-token prompt runs alone, checkpointing every 64 tokens as it goes."""
+    text = farm["unified"].log_path.read_text(errors="replace")
+    assert re.search(r"prfaas unified pool: 46 blocks of \d+ B \(80 tokens.*states priced at admission", text)
+    ids = prompt_ids(model_paths["hybrid"], 3000, seed=900)
+    out = post(farm["unified"].url + "/generate", generate_body(ids, NEW), 900)
+    assert out.get("output_ids") == _colocated(farm, ids), out
+    _slab_built(farm, "unified")
+
+
 def test_colocated_burst_overfilling_the_slab_stays_consistent(farm, model_paths):
     # 8 distinct 600-token prompts at once on 16 rows: 4.8K tokens of KV against a slab whose KV side holds
-    # at most ~2.3K with every row's state reserved, so requests wait and cached entries are evicted
+    # at most 3,360 (46 blocks of 80 tokens), so requests wait and cached entries are evicted
     prompts = [prompt_ids(model_paths["hybrid"], 600, seed=500 + i) for i in range(8)]
     with ThreadPoolExecutor(len(prompts)) as ex:
         outs = list(ex.map(lambda p: post(farm["unified"].url + "/generate", generate_body(p, 16), 900), prompts))

@@ -47,6 +47,9 @@ class LinearStateCache(PrfaasHybridCache):
         """A hit restores the state at its end (copy staged into the request's slot); without a slot
         for it, a miss."""
         req = params.req
+        # SGLang's scheduler matches each waiting request (init_next_round_input) right before its
+        # PrefillAdder prices it: the slab's admission budget asks whether it already holds a state
+        self.last_matched_req = req
         if node.hashes and params.cow_mamba and req is not None and not self._cow(req, node):
             node = self.root_node
         if not node.hashes and params.cow_mamba and req is not None and req.kv.mamba_cow_src_index is not None:

@@ -10,6 +10,11 @@ blocks have no free token left, fills blocks in the order they were taken, and g
 moment its last live token is freed, so memory flows to states as KV drains. The price is
 fragmentation: one live token keeps its whole block on the KV side.
 
+Admission, two ways (`price_states`, set by unified.py): a colocated or PD prefill server charges a new
+request's state when SGLang admits it (`slab_admission.py`: request_slot_reserve + its prefill budget),
+so KV may use every block but SlabBlocks' small reserve; a PD decode server, which pre-allocates
+transfers outside that budget, keeps one block per free request row instead.
+
 `size` of both sides is a live number (see SlabBlocks): SGLang's idle leak check compares available +
 cached with it, and both come from the same counts. Bookkeeping runs on CPU tensors; ids are moved to
 the pool's device on the way out.
@@ -24,6 +29,8 @@ from sglang.srt.mem_cache.memory_pool import MambaPool
 from prfaas_sgl.cachepool.slab_blocks import FREE, KV, STATE, SlabBlocks
 from prfaas_sgl.srt.buf_infos import strided_infos
 
+from .slab_admission import SlabPrefillBudget
+
 _EMPTY = torch.empty((0,), dtype=torch.int64)
 
 
@@ -36,8 +43,8 @@ class SlabTokenAllocator(TokenToKVPoolAllocator):
     slots of owned blocks (CPU int64), oldest-taken block first."""
 
     def __init__(self, blocks: SlabBlocks, tokens_per_block: int, dtype: torch.dtype, device: str,
-                 kvcache) -> None:
-        self.slab_blocks, self.bs = blocks, tokens_per_block
+                 kvcache, price_states: bool = False) -> None:
+        self.slab_blocks, self.bs, self.price_states = blocks, tokens_per_block, price_states
         self._used = torch.zeros(blocks.num_blocks, dtype=torch.int64)  # live tokens per block
         # per slot, so a double free cannot hand back a block that still holds a live token
         self._live = torch.zeros(blocks.num_blocks * tokens_per_block, dtype=torch.bool)
@@ -62,6 +69,20 @@ class SlabTokenAllocator(TokenToKVPoolAllocator):
 
     def available_size(self) -> int:
         return len(self.free_pages) + self.slab_blocks.kv_usable() * self.bs
+
+    def loose_tokens(self) -> int:
+        """Free token slots inside KV-owned blocks (usable by KV only: a state needs a whole block)."""
+        return len(self.free_pages)
+
+    # -- SGLang's admission hooks (PrefillAdder) ----------------------------------------------------
+    def request_slot_reserve(self, *, has_req_pool_slot: bool, prefill_tokens: int = 0) -> int:
+        """A request without a row is charged one block's tokens for the state it will take."""
+        return 0 if has_req_pool_slot or not self.price_states else self.bs
+
+    def create_prefill_budget(self, tree_cache, *, num_mixed_decode_tokens: int = 0):
+        if not self.price_states:
+            return super().create_prefill_budget(tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens)
+        return SlabPrefillBudget(self, tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens)
 
     def alloc(self, need_size: int):
         short = need_size - len(self.free_pages)

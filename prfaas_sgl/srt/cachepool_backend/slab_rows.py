@@ -5,8 +5,9 @@ keeps two state slots per running request for the cache: `KVCacheConfigurator.re
 whatever the KV side could hold. Over one slab a running request needs ONE state block, taken from the
 same free list as KV, and cached states compete with KV in the index's one LRU; so the cap of the fixed
 split does not apply. Rows grow back toward what the operator asked for, at most half the slab's blocks:
-every free row keeps one block in reserve for its working state (`SlabBlocks`), and half the slab stays
-reachable for KV when every row is free.
+a row costs nothing until SGLang admits a request into it (its state is priced then, slab_admission.py),
+but on a PD decode server every free row keeps one block in reserve for its working state
+(`SlabBlocks`), and half the slab then stays reachable for KV when every row is free.
 
 The request pool is grown in place, before SGLang sizes anything from it (the model runner reads
 `max_running_requests` from configure()'s result, after this hook).

@@ -26,6 +26,7 @@ from prfaas_sgl.cachepool.slab_blocks import SlabBlocks
 from prfaas_sgl.cachepool.slab_layout import SlabLayout
 
 from . import NAME
+from .slab_admission import ADMISSION_RESERVE
 from .slab_alloc import SlabMambaPool, SlabStateAllocator, SlabTokenAllocator
 from .slab_pools import SlabMHATokenToKVPool, bind_mamba_pool, plan_layout
 from .slab_rows import grow_rows, target_rows
@@ -45,10 +46,12 @@ class UnifiedPools:
 
 
 def build_pools(layout: SlabLayout, num_blocks: int, *, full: MHATokenToKVPool, cache_params,
-                mamba_layer_ids: list[int], device: str, reserve, kvcache=None) -> UnifiedPools:
+                mamba_layer_ids: list[int], device: str, reserve, kvcache=None,
+                price_states: bool = False) -> UnifiedPools:
     """The slab, its free list and SGLang's pools/allocators over it. `full`: a KV pool to copy the head
-    geometry from; reserve(): free request rows (see SlabBlocks); kvcache: what the token allocator
-    hands SGLang as its KV cache (the hybrid pool; default the slab KV pool)."""
+    geometry from; reserve(): free blocks the KV side leaves alone (see SlabBlocks); kvcache: what the
+    token allocator hands SGLang as its KV cache (the hybrid pool; default the slab KV pool);
+    price_states: states are charged at admission (slab_admission.py)."""
     slab = Slab(layout, num_blocks, device)
     blocks = SlabBlocks(num_blocks, reserve)
     kv_pool = SlabMHATokenToKVPool(slab, dtype=full.dtype, head_num=full.head_num, head_dim=full.head_dim,
@@ -58,8 +61,18 @@ def build_pools(layout: SlabLayout, num_blocks: int, *, full: MHATokenToKVPool, 
     bind_mamba_pool(mamba, slab, cache_params.shape.conv, cache_params.shape.temporal)
     mamba.slab_blocks = blocks
     tokens = SlabTokenAllocator(blocks, layout.tokens_per_block, full.dtype, device,
-                                kv_pool if kvcache is None else kvcache)
+                                kv_pool if kvcache is None else kvcache, price_states)
     return UnifiedPools(slab, blocks, kv_pool, tokens, mamba, SlabStateAllocator(blocks, device))
+
+
+def admission(sa, req) -> tuple[bool, object, int]:
+    """(price states at admission?, reserve(), blocks KV can never hold). A PD decode server
+    pre-allocates transfers outside SGLang's PrefillAdder, so it cannot be priced there: every free row
+    keeps a block for its state. Elsewhere states are charged when admitted (slab_admission.py)."""
+    if (getattr(sa, "disaggregation_mode", "null") or "null") == "decode":
+        return False, req.available_size, 1 + req.size
+    # padding, the reserve, and the one state of a request running alone
+    return True, lambda: ADMISSION_RESERVE, 2 + ADMISSION_RESERVE
 
 
 def unify(result, configurator):
@@ -84,17 +97,19 @@ def unify(result, configurator):
     if rows > req.size:
         log.info("prfaas unified pool: %d request rows (SGLang's Mamba cap gave %d)", rows, req.size)
         grow_rows(req, rows)
+    priced, reserve, kept = admission(configurator.server_args, req)
     pools = build_pools(layout, num_blocks, full=full, cache_params=params,
                         mamba_layer_ids=list(old.mamba_layer_ids), device=str(full.device),
-                        reserve=req.available_size, kvcache=kv)
+                        reserve=reserve, kvcache=kv, price_states=priced)
     pools.kv_pool.model_layer_ids = getattr(full, "model_layer_ids", None)
     kv.full_kv_pool, kv.size = pools.kv_pool, pools.slab.num_token_slots - 1
     kv.mamba_pool = req.mamba_pool = pools.mamba_pool
     req.mamba_allocator = pools.state_allocator
-    max_tokens = (num_blocks - 1 - req.size) * layout.tokens_per_block  # KV's most, every row's state reserved
+    max_tokens = (num_blocks - kept) * layout.tokens_per_block  # the most KV can ever hold
     log.info("prfaas unified pool: %d blocks of %d B (%d tokens or one state, %.0f%% state padding), "
-             "from SGLang's %d KV tokens + %d Mamba slots", num_blocks, layout.block_bytes,
-             layout.tokens_per_block, 100 * layout.state_padding, alloc.size, old.size)
+             "from SGLang's %d KV tokens + %d Mamba slots; states %s", num_blocks, layout.block_bytes,
+             layout.tokens_per_block, 100 * layout.state_padding, alloc.size, old.size,
+             "priced at admission" if priced else "reserved per free row")
     if getattr(result.memory_pool_config, "max_running_requests", None) is not None:
         result.memory_pool_config.max_running_requests = req.size
     return msgspec.structs.replace(result, token_to_kv_pool_allocator=pools.token_allocator,
