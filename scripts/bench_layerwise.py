@@ -16,7 +16,7 @@ alternate between the two paths (a fresh prompt each time: nothing is cached), o
 
 Round-trip delay is not emulated (this kernel's tc has no netem): only the rate. JSON to --out.
 
-    sudo .venv/bin/python scripts/bench_layerwise.py --rates 50mbit,200mbit --lengths 1024,4096,7936 --reps 3
+    sudo PYTHONPATH=. .venv/bin/python scripts/bench_layerwise.py --rates 50mbit,200mbit --lengths 1024,4096,7936 --reps 3
 """
 from __future__ import annotations
 
