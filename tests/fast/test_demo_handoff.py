@@ -16,14 +16,19 @@ from prfaas_sgl.tools.demo import hardware, pair, plan, profile
 TOKENS = [32, 256, 1024]
 
 
-def _profile(recv_cpu_s: list[float] | None = None, wire: list[float] | None = None) -> dict:
-    local = [0.13, 0.33, 1.0]
+LOCAL = [0.13, 0.33, 1.0]
+
+
+def _profile(recv_cpu_s: list[float] | None = None, wire: list[float] | None = None,
+             waiting_cores: float = 0.0) -> dict:
+    local = LOCAL
     doc = {"prfaas": {"tokens": TOKENS, "s_per_request": [s / 6.7 for s in local]},
            "local_prefill": {"tokens": TOKENS, "s_per_request": local},
            "decode": {"batch": 8, "step_s": 0.03, "cores": 0.5}}
     if recv_cpu_s is not None:
         for p in ("prfaas", "local_prefill"):
-            doc[p] |= {"decode_recv_cpu_s": recv_cpu_s, "wire_bytes": wire, "prefill_cpu_s": [0.0] * 3}
+            polled = [r + waiting_cores * s for r, s in zip(recv_cpu_s, doc[p]["s_per_request"])]
+            doc[p] |= {"decode_recv_cpu_s": polled, "wire_bytes": wire, "prefill_cpu_s": [0.0] * 3}
     return doc
 
 
@@ -44,8 +49,18 @@ def test_the_receive_cost_is_averaged_over_the_workloads_lengths():
     lengths, w = sys_.dist.grid()
     mean_len = float((lengths * w).sum() / w.sum())
     expect = (0.002 + 1e-5 * mean_len) / 0.5
-    assert plan.receive_s(_profile([0.002 + 1e-5 * n for n in TOKENS], wire), sys_.dist) == pytest.approx(
-        expect, rel=1e-3)
+    assert plan.decode_handoff(_profile([0.002 + 1e-5 * n for n in TOKENS], wire), sys_.dist) == pytest.approx(
+        (expect, 0.0), rel=1e-3, abs=1e-9)
+
+
+def test_a_decode_polling_a_pending_transfer_loses_that_share_and_not_per_request_time():
+    """Behind the slow prefill the decode burns more CPU per request (it polls the transfer the whole while):
+    the fit separates that rate from the per-request cost and charges it as share the decode loses."""
+    wire = [float(33792 + 512 * n) for n in TOKENS]
+    prof = _profile([0.01] * 3, wire, waiting_cores=0.05)
+    assert plan.receive_fit(prof) == pytest.approx((0.01, 0.0, 0.05), abs=1e-9)
+    sys_ = plan.system(prof, 20.0, 1 / 64, 16)
+    assert stages(sys_, 0.0, 0, 1).pdd == pytest.approx((1 - 0.05 / 0.5) / (0.03 * 16 / 8 + 0.01 / 0.5), rel=1e-6)
 
 
 def test_the_wire_bytes_the_pair_measured_are_the_planners_kv_size():
@@ -60,7 +75,7 @@ def test_a_colocated_profile_keeps_the_planners_old_model():
     sys_ = plan.system(_profile(), 20.0, 1 / 64, 16)
     assert not plan.handoff_measured(_profile())
     assert sys_.kv_bytes.poly == (33792.0, 512.0)
-    assert plan.receive_s(_profile(), sys_.dist) == 0.0
+    assert plan.decode_handoff(_profile(), sys_.dist) == (0.0, 0.0)
 
 
 def test_the_handoff_lowers_every_pd_prediction_and_leaves_the_ordering():

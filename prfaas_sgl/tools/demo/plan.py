@@ -35,14 +35,16 @@ class Prediction:
     ttft_p90_s: float  # prefill time alone, no queueing
 
 
-def hardware_of(entry: dict, name: str, decode: dict | None = None, recv_s: float = 0.0,
+def hardware_of(entry: dict, name: str, decode: dict | None = None, handoff: tuple[float, float] = (0.0, 0.0),
                 output_tokens: float = 16.0) -> Hardware:
-    """`recv_s`: decode seconds per request spent receiving its KV, folded into the step the model reads at
-    the decode batch (Θ_pdd = BS / (step · L_out) becomes 1 / (step · L_out / BS + recv_s))."""
+    """`handoff` = (receive s/request, share lost waiting): the decode's time per request receiving its KV and
+    the fraction of its share its scheduler spends polling pending transfers, folded into the step the model
+    reads at the decode batch: Θ_pdd = BS / (step · L_out) becomes (1 - lost) / (step · L_out / BS + receive)."""
     pre = Curve(tuple(map(float, entry["tokens"])), tuple(entry["s_per_request"]), field=f"{name}.prefill")
     if decode is None:
         return Hardware(name, pre, gpus_per_instance=1)
-    step = decode["step_s"] + recv_s * decode["batch"] / output_tokens
+    per_request = decode["step_s"] * output_tokens / decode["batch"] + handoff[0]
+    step = per_request / (1.0 - handoff[1]) * decode["batch"] / output_tokens
     return Hardware(name, pre, decode["batch"], Curve(poly=(step,), field=f"{name}.decode"), 1)
 
 
@@ -51,39 +53,48 @@ def handoff_measured(profile: dict) -> bool:
     return all("decode_recv_cpu_s" in profile[p] for p in ("prfaas", "local_prefill"))
 
 
-def _pooled(profile: dict, field: str) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens, values) of both prefill kinds' batches: the handoff's side does not depend on the sender."""
-    xs = [x for p in ("prfaas", "local_prefill") for x in profile[p]["tokens"]]
-    ys = [y for p in ("prfaas", "local_prefill") for y in profile[p][field]]
-    return np.asarray(xs, float), np.asarray(ys, float)
+def _pooled(profile: dict, *fields: str) -> list[np.ndarray]:
+    """Per field, both prefill kinds' batches in one array (`tokens` included as a field)."""
+    return [np.asarray([y for p in ("prfaas", "local_prefill") for y in profile[p][f]], float) for f in fields]
 
 
 def kv_curve(profile: dict) -> Curve:
     """S_kv(l): the wire bytes the pair measured (a line over length), else the model's accounting."""
     if not handoff_measured(profile):
         return Curve(poly=(float(STATE_BYTES), float(KV_BYTES_PER_TOKEN)), field="tiny model KV")
-    b, a = np.polyfit(*_pooled(profile, "wire_bytes"), 1)
+    b, a = np.polyfit(*_pooled(profile, "tokens", "wire_bytes"), 1)
     return Curve(poly=(max(float(a), 0.0), max(float(b), 1.0)), field="tiny model KV, measured on the wire")
 
 
-def receive_s(profile: dict, dist) -> float:
-    """Mean decode seconds per request receiving its KV, over the workload's lengths (every request's KV lands
-    on the decode, whichever prefill sent it): CPU seconds / the decode's cores, as the decode's share runs
-    one or the other."""
+def receive_fit(profile: dict) -> tuple[float, float, float]:
+    """(c0, c1, waiting cores): the decode's CPU per request = c0 + c1 · l + waiting · the prefill's seconds
+    per request. The pair measured it behind a fast and a slow prefill: the slower one costs the decode more
+    CPU at the same length, since its scheduler polls a pending transfer the whole while (~0.06 cores, idle
+    rate subtracted); c0 + c1 · l is what taking the request over costs whatever the sender."""
+    tokens, secs, recv = _pooled(profile, "tokens", "s_per_request", "decode_recv_cpu_s")
+    coef, *_ = np.linalg.lstsq(np.column_stack([np.ones_like(tokens), tokens, secs]), recv, rcond=None)
+    return max(float(coef[0]), 0.0), float(coef[1]), max(float(coef[2]), 0.0)
+
+
+def decode_handoff(profile: dict, dist) -> tuple[float, float]:
+    """(receive s/request, share lost waiting) of the decode (hardware_of): the receive CPU at the workload's
+    mean over the decode's cores (every request's KV lands there, whichever prefill sent it); at Λ_max some
+    request always waits for its KV, so the polling costs its rate throughout."""
     if not handoff_measured(profile):
-        return 0.0
-    b, a = np.polyfit(*_pooled(profile, "decode_recv_cpu_s"), 1)
+        return 0.0, 0.0
+    c0, c1, waiting = receive_fit(profile)
     lengths, w = dist.grid()
-    cpu = float(np.dot(np.maximum(a + b * lengths, 0.0), w) / w.sum())
-    return cpu / (profile["decode"].get("cores") or 1.0)
+    cpu = float(np.dot(np.maximum(c0 + c1 * lengths, 0.0), w) / w.sum())
+    cores = profile["decode"].get("cores") or 1.0
+    return cpu / cores, min(waiting / cores, 0.5)
 
 
 def system(profile: dict, link_mbit: float, scale: float, output_tokens: float) -> System:
     """The demo's PrfaaS deployment (1 remote, 2 local) as the planner sees it; lengths scaled like the
     loadgen's `paper` spec. A PD-pair profile brings the KV handoff: its prefill curves include sending,
-    its wire bytes are S_kv, and receiving takes decode time per request."""
+    its wire bytes are S_kv, and receiving takes decode time (decode_handoff)."""
     dist = TruncLogNormal(PAPER_MU + math.log(scale), PAPER_SIGMA, PAPER_LO * scale, PAPER_HI * scale)
-    local = hardware_of(profile["local_prefill"], "H20-like", profile["decode"], receive_s(profile, dist),
+    local = hardware_of(profile["local_prefill"], "H20-like", profile["decode"], decode_handoff(profile, dist),
                         output_tokens)
     remote = hardware_of(profile["prfaas"], "H200-like")
     return System(kv_curve(profile), local, 2, remote, 1, link_mbit * 1e6 / 8, output_tokens, dist)
