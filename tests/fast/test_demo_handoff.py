@@ -87,6 +87,16 @@ def test_the_handoff_lowers_every_pd_prediction_and_leaves_the_ordering():
     assert after["bandwidth_aware"].lam >= after["all_remote"].lam > after["local_only"].lam
 
 
+def test_a_prefill_that_used_part_of_its_share_is_planned_at_what_the_share_sustains():
+    """The pair's fast prefill waited on the handoff part of the time: its throughput is its share over its
+    CPU per request, not the wall time of four requests; a prefill that used its whole share keeps its wall."""
+    entry = {"tokens": TOKENS, "s_per_request": [0.08, 0.15, 0.33], "cores": 0.7,
+             "prefill_cpu_s": [0.035, 0.105, 0.25]}
+    assert plan.sustained_s(entry) == pytest.approx([0.05, 0.15, 0.33])
+    assert plan.hardware_of(entry, "H200-like").prefill_s.at(32) == pytest.approx(0.05)
+    assert plan.sustained_s({"tokens": TOKENS, "s_per_request": [0.1, 0.2, 0.3]}) == [0.1, 0.2, 0.3]
+
+
 class _StandInPair:
     """Counters that advance as a pair's would: the decode burns `idle` CPU/s plus 0.02 s per request."""
 
@@ -151,3 +161,22 @@ def test_cpu_seconds_count_a_servers_child_processes():
 def test_a_colocated_cached_profile_is_measured_again_on_the_pair():
     assert profile.cache_key("/m/tiny", True)["version"] >= 2
     assert "pair" in profile.cache_key("/m/tiny", True)["method"]
+
+
+def test_policies_the_planner_ties_may_come_in_either_order():
+    """Both heterogeneous clusters bound by the one decode: the planner predicts PrfaaS = naive, so a
+    repetition where naive leads is no disagreement, while homogeneous PD ahead of either is."""
+    from dataclasses import replace
+
+    from prfaas_sgl.tools.demo import measure
+
+    wire = [float(33792 + 512 * n) for n in TOKENS]
+    preds = plan.predict(plan.system(_profile([0.03] * 3, wire), 20.0, 1 / 64, 16))
+    preds["bandwidth_aware"] = replace(preds["bandwidth_aware"], lam=preds["all_remote"].lam)
+    labels = {"bandwidth_aware": "PrfaaS", "local_only": "homogeneous PD", "all_remote": "naive"}
+    runs = lambda t: {p: measure.Runs(p, labels[p], list(v), [1.0] * len(v)) for p, v in t.items()}  # noqa: E731
+    swapped = runs({"bandwidth_aware": [3.0, 2.8], "local_only": [1.0, 1.1], "all_remote": [2.9, 3.1]})
+    assert measure.stability(swapped, preds).endswith(
+        "every repetition consistent with the planner's PrfaaS = naive > homogeneous PD (= : predicted within 2%)")
+    wrong = runs({"bandwidth_aware": [3.0, 0.8], "local_only": [1.0, 1.1], "all_remote": [2.9, 3.1]})
+    assert measure.stability(wrong, preds).endswith("— planner: PrfaaS = naive > homogeneous PD")

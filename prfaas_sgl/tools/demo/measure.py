@@ -59,19 +59,43 @@ def orderings(runs: dict[str, Runs]) -> list[tuple[str, ...]]:
     return [tuple(sorted(runs, key=lambda p: -runs[p].throughput[i])) for i in range(reps)]
 
 
+TIE = 0.02  # predictions closer than this (relative) are a tie: the planner says nothing of their order
+
+
+def predicted_groups(runs: dict[str, Runs], preds: dict[str, Prediction]) -> list[list[str]]:
+    """The planner's ordering, fastest first, with tied predictions (e.g. two policies bound by the same
+    decode) in one group."""
+    groups: list[list[str]] = []
+    for p in sorted(runs, key=lambda p: -preds[p].lam):
+        if groups and preds[p].lam >= preds[groups[-1][0]].lam * (1 - TIE):
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    return groups
+
+
+def consistent(order: tuple[str, ...], groups: list[list[str]]) -> bool:
+    rank = {p: i for i, g in enumerate(groups) for p in g}
+    return all(rank[a] <= rank[b] for a, b in zip(order, order[1:]))
+
+
 def stability(runs: dict[str, Runs], preds: dict[str, Prediction]) -> str:
     """A plain sentence: the ordering across repetitions, and whether it is the planner's."""
     orders = orderings(runs)
     name = {p: runs[p].label for p in runs}
-    predicted = tuple(sorted(runs, key=lambda p: -preds[p].lam))
+    groups = predicted_groups(runs, preds)
     say = lambda order: " > ".join(name[p] for p in order)  # noqa: E731
+    planner = " > ".join(" = ".join(name[p] for p in g) for g in groups)
     if len(set(orders)) == 1:
         head = f"ordering stable over {len(orders)} repetition(s): {say(orders[0])}"
     else:
         head = (f"ordering NOT stable over {len(orders)} repetitions: " + "; ".join(say(o) for o in orders)
                 + " (the policies' throughputs lie within each other's spread on this machine)")
-    agree = "the planner's" if orders[0] == predicted and len(set(orders)) == 1 else f"planner: {say(predicted)}"
-    return f"{head} — {agree}"
+    if not all(consistent(o, groups) for o in orders):
+        return f"{head} — planner: {planner}"
+    if all(len(g) == 1 for g in groups) and len(set(orders)) == 1:
+        return f"{head} — the planner's"
+    return f"{head} — every repetition consistent with the planner's {planner} (= : predicted within {TIE:.0%})"
 
 
 def format_measured(runs: dict[str, Runs], preds: dict[str, Prediction]) -> str:

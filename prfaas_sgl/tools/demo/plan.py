@@ -40,12 +40,23 @@ def hardware_of(entry: dict, name: str, decode: dict | None = None, handoff: tup
     """`handoff` = (receive s/request, share lost waiting): the decode's time per request receiving its KV and
     the fraction of its share its scheduler spends polling pending transfers, folded into the step the model
     reads at the decode batch: Θ_pdd = BS / (step · L_out) becomes (1 - lost) / (step · L_out / BS + receive)."""
-    pre = Curve(tuple(map(float, entry["tokens"])), tuple(entry["s_per_request"]), field=f"{name}.prefill")
+    pre = Curve(tuple(map(float, entry["tokens"])), tuple(sustained_s(entry)), field=f"{name}.prefill")
     if decode is None:
         return Hardware(name, pre, gpus_per_instance=1)
     per_request = decode["step_s"] * output_tokens / decode["batch"] + handoff[0]
     step = per_request / (1.0 - handoff[1]) * decode["batch"] / output_tokens
     return Hardware(name, pre, decode["batch"], Curve(poly=(step,), field=f"{name}.decode"), 1)
+
+
+def sustained_s(entry: dict) -> list[float]:
+    """Prefill seconds per request a saturated share sustains: the pair's wall time per request, or its CPU
+    seconds over the share where less. Four requests at a time leave the 0.7-core prefill waiting on the
+    handoff's latency (it used 60-77 % of its share), which a queue of requests would fill; the 0.105-core one
+    used all of its share, so there the two agree."""
+    walls = entry["s_per_request"]
+    if "prefill_cpu_s" not in entry or not entry.get("cores"):
+        return list(walls)
+    return [min(w, c / entry["cores"]) if c > 0 else w for w, c in zip(walls, entry["prefill_cpu_s"])]
 
 
 def handoff_measured(profile: dict) -> bool:
