@@ -23,7 +23,7 @@ from prfaas_sgl.router import names
 
 INSTALL = "apt-get install -y prometheus"
 SCRAPE_S = 1.0  # the demo's phases last minutes: 1 s samples resolve the link's bursts
-SGLANG_SCRAPE_S = 5.0  # ~tens of KB per SGLang scrape: every second would load the 20 Mbit/s demo link
+SGLANG_SCRAPE_S = 5.0  # ~tens of KB per SGLang scrape: every second would load the demo's 6 Mbit/s link
 
 
 def binary_problem(name: str) -> str | None:

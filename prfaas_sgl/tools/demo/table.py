@@ -48,7 +48,7 @@ NOT_EMULATED = (
     "  H20-like decode 0.583), the same CPU running a tiny random-weight model; a share scales prefill and decode",
     "  alike, so each role's share follows the resource it is bound by (compute 6.7x, memory bandwidth 1.2x).",
     "  Without root the shares fall back to every server unshared on the same CPU cores (the log says so).",
-    "- Absolute TTFT, TPOT and throughput, and the link-to-compute ratio (a 20 Mbit/s tc link, KV scaled down",
+    "- Absolute TTFT, TPOT and throughput, and the link-to-compute ratio (a 6 Mbit/s tc link, KV scaled down",
     "  with the model); the paper's cluster sizes (4 / 3 / 5 servers there, 1 / 1 / 1 here).",
     "- The role switch's cost: a tiny model restarts in about a minute on CPU; a multi-GPU server takes minutes.",
 )
