@@ -223,3 +223,18 @@ def test_a_run_with_failed_requests_runs_again_and_the_table_counts_what_still_f
     preds = plan.predict(plan.system(_profile(6.7), 20.0, 1 / 64, 16))
     assert measure.format_measured({"local_only": runs}, preds).splitlines()[-1].endswith("| 3.00 | 2 |")
     assert json.loads(measure.to_json({"local_only": runs}, preds))["local_only"]["errors"] == [2]
+
+
+def test_a_refusal_while_the_server_is_still_switching_does_not_end_the_switch():
+    from prfaas_sgl.router.actuators.base import Action, Split
+    from prfaas_sgl.tools.demo.shift import switch_ended
+
+    def act(outcome: str) -> Action:
+        return Action("processes", Split(2, 1), Split(1, 2), "more_decode", outcome)
+
+    started, refused = act("in_progress"), act("refused")
+    assert not switch_ended([])  # the controller has not acted yet
+    assert not switch_ended([started, refused])  # the demo once ran "after the switch" here, mid-restart
+    assert switch_ended([started, refused, act("applied")])
+    assert switch_ended([started, act("failed")])
+    assert switch_ended([refused])  # nothing is switching: no reason to wait

@@ -114,7 +114,7 @@ def run_shift(router: LiveRouter, stack: Stack, link: DemoLink, phase: Phase, ar
         for label, kw, mult in shift.PARTS:
             if label.startswith("C"):  # after the switch: wait (bounded) until it ended, however it ended
                 deadline = time.monotonic() + SWITCH_WAIT_S
-                while time.monotonic() < deadline and not any(a.outcome != "in_progress" for a in acting.actions):
+                while time.monotonic() < deadline and not shift.switch_ended(acting.actions):
                     time.sleep(1)
             say(f"  {label}")
             res = run_policy(router.url, tokenizer, args, args.out, phase.policy, prom, name=f"shift-{label[0]}",

@@ -50,6 +50,15 @@ class LengthRule:
         self.split = split
 
 
+def switch_ended(actions: list) -> bool:
+    """Whether a role switch the controller started has ended, however it ended. Only "applied" and "failed"
+    end one: a "refused" recommendation made while the server is still switching is not its end (the demo
+    once took one for it, ran "after the switch" with the server still restarting and stopped mid-switch)."""
+    if not any(a.outcome == "in_progress" for a in actions):
+        return bool(actions)  # only refusals: nothing is switching (no action yet: the controller may still act)
+    return any(a.outcome in ("applied", "failed") for a in actions)
+
+
 def describe(actions: list, at: list[float], t0: float) -> list[str]:
     """One line per controller action, timed from the phase start."""
     return [f"+{t - t0:5.0f}s [{a.actuator}] {a.outcome}: {a.before.prefill}P/{a.before.decode}D -> "
