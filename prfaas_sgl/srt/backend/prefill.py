@@ -17,7 +17,7 @@ from sglang.srt.disaggregation.base.conn import KVPoll
 from sglang.srt.disaggregation.common.conn import ABORT_TAG, AbortNotification
 from sglang.srt.environ import envs
 
-from prfaas_sgl.srt.backend import control
+from prfaas_sgl.srt.backend import control, optimistic
 from prfaas_sgl.srt.backend.admission import Admission, PeerBook, same_host
 from prfaas_sgl.srt.backend.layerwise import make_streamer
 from prfaas_sgl.srt.backend.manager import PrfaasKVManager
@@ -67,6 +67,7 @@ class PrefillManager(PrfaasKVManager):
                                        self.transfer_config.timeout_s, getattr(self.sender, "stats", None),
                                        cp_split=bool(getattr(self, "enable_all_cp_ranks_for_transfer", False)))
         self.fatal_sources.append(lambda: self.sender.worker_fatal)  # the stager and stats threads
+        optimistic.book_of(self)  # /stats has `optimistic` from start-up, not from the first scheduler pass
         self._start(self._control_loop, "prfaas-zmq-control")
         self._start(self._watch_loop, "prfaas-zmq-watch")
         self._start(self._watchdog, "prfaas-zmq-watchdog")
