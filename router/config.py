@@ -20,7 +20,7 @@ from prfaas_sgl.config import is_loopback
 
 from .actuators.decide import DecideConfig
 from .controller import ControllerConfig
-from .cost import ModelCost
+from .cost import STREAMING_FLAGS, ModelCost, Streaming
 from .kv_accounting import account_path
 from .policy import POLICIES, PolicyParams
 
@@ -93,6 +93,9 @@ class RouterConfig:
     cost: ModelCost = nested(CASE_STUDY_COST, {
         "kv_bytes_per_token": "kv_bytes_per_token", "state_bytes": "state_bytes",
         "local_coef": "local_prefill_coef", "remote_coef": "remote_prefill_coef"})
+    # how the PrfaaS prefills stream KV, in their own settings: what of a remote request's KV still has to
+    # cross the link after its last forward (the router's remote-route estimate; see model_cost)
+    kv_stream: Streaming = nested(Streaming(), STREAMING_FLAGS)
     link_gbps: float = knob(100.0, "inter-datacenter link capacity PrfaaS -> decode (Gbit/s)")
     transport_stats_url: str = knob(
         "", "remote prefills' prfaas_zmq stats endpoints (http://HOST:PORT/stats), comma-separated; summed as the link")
@@ -190,6 +193,11 @@ class RouterConfig:
     @property
     def model_name(self) -> str:
         return self.served_model_name or Path(self.tokenizer_path).resolve().name
+
+    @property
+    def model_cost(self) -> ModelCost:
+        """The cost model the router prices routes with: ``cost`` streaming as ``kv_stream`` says."""
+        return dataclasses.replace(self.cost, streaming=self.kv_stream)
 
     @property
     def body_limit(self) -> int:

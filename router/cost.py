@@ -59,6 +59,12 @@ class Streaming:
         return last / tokens / self.groups(tokens)
 
 
+# The router flags and [sim] keys that set a Streaming (cliargs.nested): the servers' own flag names, less
+# their --prfaas- prefix, so an operator copies the prefill servers' settings across
+STREAMING_FLAGS = {"chunk_tokens": "chunk_tokens", "attention_layers": "attention_layers",
+                   "layers_per_group": "layerwise_layers_per_group", "min_tokens": "layerwise_min_tokens"}
+
+
 @dataclass(frozen=True, slots=True)
 class ModelCost:
     """KV size and prefill-time model of one deployment.

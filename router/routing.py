@@ -39,7 +39,7 @@ class RoutingCore:
                  controller: Controller | None = None) -> None:
         self.cfg, self.cluster, self.metrics, self.controller = cfg, cluster, metrics, controller
         self.params = cfg.policy_params
-        self.cost = cfg.cost
+        self.cost = cfg.model_cost
         self.policy_name = cfg.policy
         self.policy: RoutingPolicy = make_policy(cfg.policy, self.params, self.cost)
         self.recommended_split: dict[str, int] = {}

@@ -8,7 +8,7 @@ from prfaas_sgl.cliargs import FieldError, field_default, flag_fields, nested, s
 
 from ..actuators.decide import DecideConfig
 from ..controller import ControllerConfig
-from ..cost import Streaming
+from ..cost import STREAMING_FLAGS, Streaming
 from ..planner.curves import ProfileError
 from ..policy import PolicyParams
 from .workload import ArrivalConfig, PrefixConfig
@@ -37,9 +37,7 @@ class SimConfig:
     cache_blocks: int = 0  # prefix-cache capacity per instance in blocks (0 = no prefix cache)
     block_tokens: int = 512
     # how the PrfaaS prefills stream KV (cost.Streaming, the servers' settings): only its tail follows prefill
-    kv_stream: Streaming = nested(Streaming(), {"chunk_tokens": "chunk_tokens", "attention_layers": "attention_layers",
-                                                "layers_per_group": "layerwise_layers_per_group",
-                                                "min_tokens": "layerwise_min_tokens"})
+    kv_stream: Streaming = nested(Streaming(), STREAMING_FLAGS)
     bandwidth_trace: tuple[tuple[float, float], ...] = ()  # (time_s, fraction of link.gbps), step function
     phases: tuple[tuple[float, float, float], ...] = ()  # (start_s, Poisson rate, length scale): replaces arrival
     arrival: ArrivalConfig = field(default_factory=ArrivalConfig)

@@ -10,12 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from prfaas_sgl.router.cluster import Cluster
+from prfaas_sgl.router.config import parse_config
 from prfaas_sgl.router.cost import ModelCost, Streaming, kv_ready_s
 from prfaas_sgl.router.planner import load_scenario
+from prfaas_sgl.router.metrics import RouterMetrics
 from prfaas_sgl.router.policy import BandwidthAwarePolicy, InstanceView, LinkView, PolicyParams, RouteInput
+from prfaas_sgl.router.routing import RoutingCore
 from prfaas_sgl.router.sim.config import sim_config
 from prfaas_sgl.router.sim.run import build
 from prfaas_sgl.transfer.config import LayerwiseConfig
+from tests.support.router_standin import build_tiny_tokenizer
 
 GBIT = 1e9
 CASE = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "paper_case_study.toml")
@@ -61,6 +66,23 @@ def test_the_router_adds_the_exposed_tail_to_a_compute_bound_remote_route():
     inst = InstanceView("x", "prfaas", True, 0, 0, 0)
     _, remote_s = p.ready_s(inp, inst, inst, cost.kv_bytes(40_000))
     assert remote_s == pytest.approx(2.0 + (40_000 - 4 * 8192) * 1000.0 * 8 / GBIT)
+
+
+def test_the_router_takes_the_servers_streaming_settings_from_its_flags(tmp_path):
+    base = ["--tokenizer-path", build_tiny_tokenizer(str(tmp_path / "tok")), "--decode", "http://127.0.0.1:1",
+            "--prfaas", "http://127.0.0.1:2;bootstrap=3"]
+    cfg = parse_config(base)
+    assert RoutingCore(cfg, Cluster(cfg), RouterMetrics()).cost.streaming == Streaming()
+    cfg = parse_config(base + ["--chunk-tokens", "512", "--attention-layers", "8", "--layerwise-layers-per-group", "2",
+                               "--layerwise-min-tokens", "4096"])
+    cost = RoutingCore(cfg, Cluster(cfg), RouterMetrics()).policy.cost  # what routes are priced with
+    assert cost.streaming == Streaming(chunk_tokens=512, attention_layers=8, layers_per_group=2, min_tokens=4096)
+    # 7,936 tokens: 15 chunks of 512, then 256 tokens whose KV leaves in 4 groups; only the last group follows
+    assert cost.tail_bytes(7936) == pytest.approx(cost.state_bytes + cost.kv_bytes_per_token * 64)
+    (tmp_path / "r.toml").write_text("layerwise_layers_per_group = 1\nattention_layers = 2\n")
+    assert parse_config(["--config", str(tmp_path / "r.toml"), *base]).model_cost.streaming.groups(8192) == 2
+    with pytest.raises(ValueError, match="--layerwise-min-tokens"):
+        parse_config(base + ["--layerwise-min-tokens", "0"])
 
 
 def _one_remote_request(**stream):
