@@ -88,6 +88,7 @@ class RouterConfig:
                                       "more than this many requests beyond the least-loaded decode; -1 = off")
     block_size: int = knob(64, "prefix-hash block size in tokens (= SGLang --page-size)")
     prefix_capacity_tokens: int = knob(1 << 20, "modelled prefix-cache capacity per instance (tokens)")
+    # its layer count also gives --attention-layers its default (model_costs)
     model_path: str = knob("", "model directory (config.json): --kv-bytes-per-token and --state-bytes default to "
                            "what its layers move (router/kv_accounting.py); those flags still override")
     cost: ModelCost = nested(CASE_STUDY_COST, {
@@ -269,7 +270,9 @@ def parse_supervisor_urls(text: str) -> dict[str, str]:
     return out
 
 
-def model_costs(model_path: str) -> dict[str, float]:
-    """`kv_bytes_per_token` and `state_bytes` of the model at `model_path` (KV in its config's dtype)."""
+def model_costs(model_path: str) -> dict[str, float | int]:
+    """`kv_bytes_per_token`, `state_bytes` and `attention_layers` (the layers layer-wise streaming groups) of
+    the model at `model_path` (KV in its config's dtype)."""
     acct = account_path(model_path)
-    return {"kv_bytes_per_token": float(acct.kv_bytes_per_token), "state_bytes": float(acct.fixed_bytes)}
+    return {"kv_bytes_per_token": float(acct.kv_bytes_per_token), "state_bytes": float(acct.fixed_bytes),
+            "attention_layers": acct.kv_layers}

@@ -44,13 +44,15 @@ class Dtypes:
 class KVAccount:
     """A model's transfer bytes. `kv_bytes_per_token` sums every full-attention / MLA layer;
     `swa_bytes_per_token` every SWA layer, of which only `swa_window` tokens move; `state_bytes` is the
-    per-request linear-attention state plus the aux row."""
+    per-request linear-attention state plus the aux row; `kv_layers` counts the full-attention / MLA layers
+    (those whose pages layer-wise streaming sends in groups)."""
 
     family: str
     kv_bytes_per_token: int
     state_bytes: int
     swa_bytes_per_token: int = 0
     swa_window: int = 0
+    kv_layers: int = 0
 
     def request_bytes(self, tokens: int, page_size: int = 1, cached_prefix: int = 0) -> int:
         """Bytes one PD transfer moves for a prompt of `tokens`, the decode already holding
@@ -85,7 +87,8 @@ def _gqa_token_bytes(conf: dict, layers: int, dt: Dtypes) -> int:
 
 
 def _dense(conf: dict, dt: Dtypes) -> KVAccount:
-    return KVAccount("dense", _gqa_token_bytes(conf, int(conf["num_hidden_layers"]), dt), AUX_ROW_BYTES)
+    layers = int(conf["num_hidden_layers"])
+    return KVAccount("dense", _gqa_token_bytes(conf, layers, dt), AUX_ROW_BYTES, kv_layers=layers)
 
 
 def _gdn(conf: dict, dt: Dtypes) -> KVAccount:
@@ -96,7 +99,8 @@ def _gdn(conf: dict, dt: Dtypes) -> KVAccount:
     conv = (conf["linear_conv_kernel_dim"] - 1) * (2 * key_dim + value_dim) * dt.conv
     ssm = conf["linear_num_value_heads"] * conf["linear_key_head_dim"] * conf["linear_value_head_dim"] * dt.ssm
     state = types.count("linear_attention") * (conv + ssm)
-    return KVAccount("gdn", _gqa_token_bytes(conf, types.count("full_attention"), dt), state + AUX_ROW_BYTES)
+    full = types.count("full_attention")
+    return KVAccount("gdn", _gqa_token_bytes(conf, full, dt), state + AUX_ROW_BYTES, kv_layers=full)
 
 
 def _kda(conf: dict, dt: Dtypes) -> KVAccount:
@@ -106,7 +110,8 @@ def _kda(conf: dict, dt: Dtypes) -> KVAccount:
     conv = (lin["short_conv_kernel_size"] - 1) * 3 * heads * dim * dt.conv
     state = len(lin["kda_layers"]) * (conv + heads * dim * dim * dt.ssm)
     latent = conf["kv_lora_rank"] + conf["qk_rope_head_dim"]
-    return KVAccount("kda", len(lin["full_attn_layers"]) * latent * dt.kv, state + AUX_ROW_BYTES)
+    full = len(lin["full_attn_layers"])
+    return KVAccount("kda", full * latent * dt.kv, state + AUX_ROW_BYTES, kv_layers=full)
 
 
 def _swa(conf: dict, dt: Dtypes) -> KVAccount:
@@ -121,7 +126,7 @@ def _swa(conf: dict, dt: Dtypes) -> KVAccount:
     }
     window = next(conf[k] for k in ("sliding_window_size", "sliding_window", "window_size") if conf.get(k))
     return KVAccount("swa", _gqa_token_bytes(conf, pattern.count(0), dt), AUX_ROW_BYTES,
-                     _gqa_token_bytes(swa_conf, pattern.count(1), dt), int(window))
+                     _gqa_token_bytes(swa_conf, pattern.count(1), dt), int(window), kv_layers=pattern.count(0))
 
 
 def _bailing_layers(conf: dict) -> list[bool]:
@@ -148,7 +153,7 @@ def _lightning(conf: dict, dt: Dtypes) -> KVAccount:
         per_token = full * (conf["kv_lora_rank"] + conf["qk_rope_head_dim"]) * dt.kv
     else:
         per_token = _gqa_token_bytes(conf, full, dt)
-    return KVAccount("kda" if kernel else "lightning", per_token, state + AUX_ROW_BYTES)
+    return KVAccount("kda" if kernel else "lightning", per_token, state + AUX_ROW_BYTES, kv_layers=full)
 
 
 # First match wins; the dense rule takes whatever is left.

@@ -83,12 +83,15 @@ def test_released_configs():
     kimi = account(KIMI_LINEAR_48B)
     # 7 MLA layers x 576 latent x 2 B; 20 KDA layers x (3 x 3 x 4096 x 2 B + 32 x 128 x 128 x 4 B)
     assert (kimi.kv_bytes_per_token, kimi.state_bytes) == (8064, 20 * (73_728 + 2_097_152) + 1600)
+    assert kimi.kv_layers == 7
     qwen = account(QWEN3_NEXT_80B)
     # 12 GQA layers x 2 heads x 512 x 2 B; 36 GDN layers x (3 x (2 x 2048 + 4096) x 2 B + 32 x 128 x 128 x 4 B)
     assert (qwen.family, qwen.kv_bytes_per_token, qwen.state_bytes) == ("gdn", 24_576, 36 * 2_146_304 + 1600)
+    assert qwen.kv_layers == 12
     mimo = account(MIMO_V2_FLASH)
     # 9 GQA layers x 4 heads x (192 + 128) x 2 B; 39 SWA layers with 8 heads (twice the GQA layers')
     assert (mimo.kv_bytes_per_token, mimo.swa_bytes_per_token, mimo.swa_window) == (23_040, 199_680, 128)
+    assert mimo.kv_layers == 9
     # a 32K-token prompt: the SWA layers move 128 tokens, not 32K
     assert mimo.request_bytes(32768) == 32768 * 23_040 + 128 * 199_680 + 1600
 
@@ -101,6 +104,8 @@ def test_router_model_path_default_and_override(tmp_path):
     base = ["--decode", "http://d:1", "--prfaas", "http://p:1;bootstrap=2", "--tokenizer-path", str(model)]
     cfg = parse_config(base + ["--model-path", str(model)])
     assert (cfg.cost.kv_bytes_per_token, cfg.cost.state_bytes) == (8064.0, float(account(KIMI_LINEAR_48B).fixed_bytes))
+    assert cfg.kv_stream.attention_layers == 7  # its MLA layers: what a layer-wise prefill streams in groups
+    assert parse_config(base + ["--model-path", str(model), "--attention-layers", "3"]).kv_stream.attention_layers == 3
     cfg = parse_config(base + ["--model-path", str(model), "--kv-bytes-per-token", "5"])
     assert (cfg.cost.kv_bytes_per_token, cfg.cost.state_bytes) == (5.0, float(account(KIMI_LINEAR_48B).fixed_bytes))
     assert parse_config(base).cost.kv_bytes_per_token == 17_100.0  # no model: the paper's case-study default
