@@ -17,6 +17,7 @@ import aiohttp
 
 from .breaker import Breaker
 from .config import InstanceSpec, RouterConfig
+from .crossfetch import SharedStore, parse_members
 from .link_stats import CounterRates, Sample, combine_samples, count, link_sample, short
 from .policy import InstanceView, LinkView, Pool, RouteInput
 from .prefix_index import ApproxIndex, ExactIndex
@@ -145,9 +146,12 @@ class Cluster:
     link: LinkState = field(init=False)
     poll_errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(POLL_ERROR_KINDS, 0))
     poll_failing: dict[str, str] = field(default_factory=dict)  # "kind who" -> why its last poll failed
+    store: SharedStore = field(init=False)  # what the shared store tier was sent (router/crossfetch.py)
 
     def __post_init__(self) -> None:
         self.link = LinkState(self.cfg.link_gbps * 1e9, stale_after_s=3 * poll_timeout_s(self.cfg))
+        self.store = SharedStore(parse_members(self.cfg.store_instances),
+                                 self.cfg.store_capacity_tokens // self.cfg.block_size)
         cap_blocks = max(1, self.cfg.prefix_capacity_tokens // self.cfg.block_size)
         for pool in ("prfaas", "local_prefill", "decode"):
             for spec in getattr(self.cfg, pool):
@@ -160,7 +164,8 @@ class Cluster:
     def route_input(self, prompt_len: int, hashes: Sequence[int], now: float) -> RouteInput:
         b = self.cfg.block_size
         views = tuple(i.view(i.index.match(hashes) * b, now) for i in self.instances.values())
-        return RouteInput(prompt_len, views, self.link.view(now), now, self.cfg.decode_affinity_slack)
+        return RouteInput(prompt_len, views, self.link.view(now), now, self.cfg.decode_affinity_slack,
+                          store_prefix=self.store.prefix_blocks(hashes) * b, store_readers=self.store.members)
 
     def pool(self, pool: Pool) -> list[Instance]:
         return [i for i in self.instances.values() if i.pool == pool]

@@ -88,6 +88,9 @@ class RouterConfig:
                                       "more than this many requests beyond the least-loaded decode; -1 = off")
     block_size: int = knob(64, "prefix-hash block size in tokens (= SGLang --page-size)")
     prefix_capacity_tokens: int = knob(1 << 20, "modelled prefix-cache capacity per instance (tokens)")
+    store_instances: str = knob("", "prefill servers (names, comma-separated) sharing one store tier that they "
+                                "write what they compute through to and load prefixes from (router/crossfetch.py)")
+    store_capacity_tokens: int = knob(1 << 24, "modelled capacity of that shared store (tokens)")
     # its layer count also gives --attention-layers its default (model_costs)
     model_path: str = knob("", "model directory (config.json): --kv-bytes-per-token and --state-bytes default to "
                            "what its layers move (router/kv_accounting.py); those flags still override")
@@ -158,6 +161,7 @@ class RouterConfig:
         if self.controller == "planner" and not Path(self.controller_scenario).is_file():
             raise ValueError("--controller planner needs --controller-scenario PATH (a planner scenario TOML)")
         self._check_actuator()
+        self._check_store()
         for name in ("block_size", "context_length", "max_chars_per_token", "prefix_capacity_tokens", "link_gbps",
                      "loads_interval_s", "health_interval_s", "connect_timeout_s", "prefill_timeout_s",
                      "request_timeout_s", "max_concurrent_requests", "body_timeout_s", "breaker_cooldown_s"):
@@ -169,6 +173,15 @@ class RouterConfig:
             raise ValueError("--breaker-failures must be >= 0 (0 = the breaker never opens)")
         if self.decode_affinity_slack < -1:
             raise ValueError("--decode-affinity-slack must be >= 0 requests, or -1 (off)")
+
+    def _check_store(self) -> None:
+        prefills = {s.name for s in self.prfaas + self.local_prefill}
+        members = {n.strip() for n in self.store_instances.split(",") if n.strip()}
+        if members - prefills:
+            raise ValueError(f"--store-instances {sorted(members - prefills)}: not prefill servers "
+                             f"(these are: {sorted(prefills)})")
+        if self.store_capacity_tokens <= 0:
+            raise ValueError("--store-capacity-tokens must be > 0")
 
     def _check_actuator(self) -> None:
         if self.actuator not in ACTUATORS:

@@ -135,3 +135,41 @@ def queue_wait_s(coef: tuple[float, float, float], inflight: int, queued_tokens:
     """
     a, b, _ = coef
     return a * inflight + b * queued_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixFetch:
+    """Loading ``tokens`` of a cached prefix from the shared store, priced against recomputing them.
+
+    The store holds a prefix as one entry per KV block plus a linear-attention state at every checkpoint
+    (the servers' tiers: docs/cachepool-tiers.md); a prefill loads them before its forward, one checkpoint
+    interval after another, so each interval costs a round trip on top of its bytes::
+
+        own cache |==== own ====|------------- tokens -------------|  (upto, on the checkpoint grid)
+        intervals                 |  grid  |  grid  |  grid  |          states fetched: one per interval
+        fetch_s = intervals * rtt_s + nbytes * 8 / rate
+        saved_s = prefill(prompt - own) - prefill(prompt - upto)     (the candidate pool's fit)
+    """
+
+    tokens: int  # tokens loaded instead of computed
+    intervals: int  # checkpoint intervals loaded (one state entry each)
+    nbytes: float  # KV of `tokens` + one state per interval
+    fetch_s: float
+    saved_s: float
+
+    @property
+    def pays(self) -> bool:
+        return self.fetch_s < self.saved_s
+
+
+def price_fetch(cost: ModelCost, remote: bool, prompt_len: int, own: int, upto: int, grid: int, rtt_s: float,
+                rate_bps: float) -> PrefixFetch:
+    """What a prefill holding ``own`` tokens of the prompt pays to load ``[own, upto)`` from the store
+    (``remote``: a PrfaaS prefill, priced on its pool's fit). ``grid``: the servers' checkpoint interval in
+    tokens (0: one state at the end). ``rate_bps``: store -> prefill bits/s (0: the fetch never ends)."""
+    tokens = max(upto - own, 0)
+    intervals = (upto // grid - own // grid) if grid > 0 else int(tokens > 0)
+    nbytes = cost.kv_bytes_per_token * tokens + cost.state_bytes * intervals
+    fetch_s = intervals * rtt_s + (nbytes * 8 / rate_bps if rate_bps > 0 else float("inf"))
+    prefill = cost.prefill_s_remote if remote else cost.prefill_s_local
+    return PrefixFetch(tokens, intervals, nbytes, fetch_s, prefill(prompt_len - own) - prefill(prompt_len - upto))

@@ -17,6 +17,13 @@ class RouterMetrics:
     def __init__(self, window: int = 1000) -> None:
         r = self.registry = CollectorRegistry()
         self.decisions = Counter(P + "decisions", "routing decisions", ["route", "reason"], registry=r)
+        self.fetches = Counter(P + "prefix_fetch_decisions", "decisions whose prefill held less of the prompt than "
+                               "the shared store: fetch (credited, loads it) or recompute (loading did not pay, "
+                               "or the rule is scarce)", ["route", "outcome"], registry=r)
+        self.fetch_tokens = Counter(P + "prefix_fetch_tokens", "prompt tokens credited as loaded from the shared "
+                                    "store instead of computed", registry=r)
+        self.fetch_bytes = Counter(P + "prefix_fetch_predicted_bytes", "bytes those loads move, as the cost "
+                                   "model predicts them", registry=r)
         self.retries = Counter(P + "retries", "local retries after a failed attempt", ["reason"], registry=r)
         self.errors = Counter(P + "errors", "requests answered with an error", ["code"], registry=r)
         self.offload = Gauge(P + "offload_fraction", f"fraction of the last {window} decisions sent to PrfaaS",
@@ -63,6 +70,10 @@ class RouterMetrics:
 
     def record(self, d: Decision) -> None:
         self.decisions.labels(d.route, d.reason).inc()
+        if d.fetch:
+            self.fetches.labels(d.route, d.fetch).inc()
+            self.fetch_tokens.inc(d.fetched_len)
+            self.fetch_bytes.inc(d.fetch_bytes)
         remote = d.route == "prfaas"
         if len(self.window) == self.window.maxlen:
             self.remote_in_window -= self.window[0]

@@ -16,85 +16,13 @@ from typing import Literal, Protocol
 from prfaas_sgl.cliargs import FieldError, knob
 
 from .cost import ModelCost, kv_ready_s
+from .crossfetch import annotate, credit
+from .views import Decision, InstanceView, LinkView, Pool, Route, RouteInput  # noqa: F401 - the policies' types
 
-Pool = Literal["prfaas", "local_prefill", "decode"]
-Route = Literal["prfaas", "local"]
-CacheRule = Literal["scarce", "abundant"]
-
+CacheRule = Literal["scarce", "abundant", "auto"]
 
 class NoInstanceError(RuntimeError):
     """No healthy instance can serve the request (no healthy decode, or no healthy prefill at all)."""
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceView:
-    """What the router (or simulator) knows about one server right now."""
-
-    name: str
-    pool: Pool
-    healthy: bool
-    queued_tokens: int  # uncached prompt tokens waiting/running there (/v1/loads + router in-flight)
-    inflight: int  # requests in flight from this router
-    cached_prefix: int  # tokens of THIS request's prompt already cached there (block-aligned)
-
-
-@dataclass(frozen=True, slots=True)
-class LinkView:
-    """The inter-datacenter link PrfaaS -> local decode.
-
-    KV of a remote request is *queued* from routing until its prefill starts, then *in flight* (KV streams
-    layer by layer while the prefill runs) until decode has it. Only in-flight bytes load the link.
-    """
-
-    capacity_bps: float  # configured bits/s
-    goodput_bps: float = 0.0  # measured recent goodput, 0 if unknown
-    bytes_in_flight: float = 0.0  # KV bytes being transferred now, not yet delivered
-    queue_delay_s: float = 0.0  # measured transport queue delay
-    bytes_queued: float = 0.0  # KV bytes of remote requests routed but still waiting for their prefill
-    busy: float = 1.0  # share of goodput's measurement window the link had bytes to move (the simulator's 1.0)
-
-    def drain_bps(self) -> float:
-        """Rate at which the backlog drains: what the link moved while it had bytes to move, at most capacity.
-
-        Goodput is bytes over the whole window: a link busy 5% of it measures 5% of what it can carry, and
-        taken as the drain rate that made the router see a backlog 20x too long and hold or move requests an
-        idle link would have taken. Goodput / busy is the rate while busy; unknown goodput or a link that was
-        idle throughout (busy 0) tells nothing below capacity."""
-        if self.goodput_bps <= 0 or self.busy <= 0:
-            return self.capacity_bps
-        return min(self.capacity_bps, self.goodput_bps / min(self.busy, 1.0))
-
-    def transfer_s(self, nbytes: float) -> float:
-        """Seconds to move ``nbytes`` at the drain rate (inf on a dead link)."""
-        rate = self.drain_bps()
-        return nbytes * 8 / rate if rate > 0 else float("inf")
-
-    def pressure(self, budget_s: float) -> float:
-        """Link pressure in units of ``budget_s``: drain time of the bytes on the wire, or the measured queue
-        delay (what the bandwidth-aware latch compares with its watermarks, and the router exports)."""
-        return max(self.transfer_s(self.bytes_in_flight), self.queue_delay_s) / budget_s
-
-
-@dataclass(frozen=True, slots=True)
-class RouteInput:
-    prompt_len: int
-    instances: tuple[InstanceView, ...]
-    link: LinkView
-    now: float
-    # decode cache affinity (RouterConfig.decode_affinity_slack): -1 off; else the decode holding the
-    # longest prefix wins unless it runs more than this many requests beyond the least-loaded decode
-    decode_slack: int = -1
-    waited_s: float = float("inf")  # seconds this request was already held by pacing; inf = caller cannot hold
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    route: Route
-    prefill: str  # instance name
-    decode: str  # instance name
-    incremental_len: int  # prompt_len - cached prefix on the chosen prefill instance
-    reason: str  # short machine-readable reason, used as a metrics label
-    pace_s: float = 0.0  # > 0: not yet; hold the request this long, then decide again (PacedPolicy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +31,9 @@ class PolicyParams:
     simulator's [sim] keys are generated from these fields (help from the metadata; router/config.py)."""
 
     threshold: int = knob(8192, "incremental-length threshold t (tokens) above which prefill goes remote")
-    cache_rule: CacheRule = knob("scarce", "paper cache rule: scarce (per-cluster cache) or abundant (max of both)")
+    cache_rule: CacheRule = knob("scarce", "paper cache rule: scarce (per-cluster cache), abundant (max of both; "
+                                 "--store-instances load the shared store's prefix) or auto (load it when cheaper "
+                                 "than recomputing)")
     overload_tokens: int = knob(32768, "queued tokens beyond which cache affinity is ignored")
     high_watermark: float = knob(0.9, "link pressure (backlog or queue delay / budget) marking the link congested")
     low_watermark: float = knob(0.6, "link pressure below which it is not congested again")
@@ -113,16 +43,23 @@ class PolicyParams:
     target_s: float = knob(6.0, "bandwidth_aware: ... and have its KV ready within this many seconds")
     pace_max_s: float = knob(1.0, "paced: hold a remote-bound request at most this many seconds in all")
     pace_step_s: float = knob(0.25, "paced: decide a held request again after at most this many seconds")
+    fetch_gbps: float = knob(0.0, "shared store -> prefill rate for loading a prefix (Gbit/s; 0 = the inter-DC "
+                             "link's measured drain rate)")
+    fetch_rtt_s: float = knob(0.002, "seconds a prefix load costs per checkpoint interval on top of its bytes "
+                              "(store round trips)")
+    fetch_grid_tokens: int = knob(0, "the servers' state checkpoint interval (tokens; their --chunked-prefill-size "
+                                  "for linear-attention models): a loaded prefix ends on it; 0 = block-aligned")
 
     def __post_init__(self) -> None:
-        for name in ("threshold", "overload_tokens", "hold_s", "slack", "pace_max_s"):
+        for name in ("threshold", "overload_tokens", "hold_s", "slack", "pace_max_s", "fetch_gbps", "fetch_rtt_s",
+                     "fetch_grid_tokens"):
             if getattr(self, name) < 0:
                 raise FieldError(name, f"{name} must be >= 0")
         for name in ("budget_s", "target_s", "pace_step_s"):
             if getattr(self, name) <= 0:
                 raise FieldError(name, f"{name} must be > 0 seconds")
-        if self.cache_rule not in ("scarce", "abundant"):
-            raise FieldError("cache_rule", "cache_rule must be 'scarce' or 'abundant'")
+        if self.cache_rule not in ("scarce", "abundant", "auto"):
+            raise FieldError("cache_rule", "cache_rule must be 'scarce', 'abundant' or 'auto'")
         if not 0 < self.low_watermark <= self.high_watermark:
             raise FieldError("low_watermark", "need 0 < low_watermark <= high_watermark")
 
@@ -226,14 +163,18 @@ class ThresholdPolicy:
     """Static threshold t with the paper's cache rules (paper §4).
 
     scarce (default): judge each cluster by its own cache, ``l_total - l_pd <= t`` -> local.
-    abundant: ``l_total - max(l_prfaas, l_pd) <= t`` -> local. SGLang 0.5.23 cannot move prefix KV between
-    clusters, so under "abundant" the chosen cluster recomputes whatever it does not hold; the rule is kept
-    for the simulator, which can model the move. Default is "scarce" for that reason.
+    abundant: ``l_total - max(l_prfaas, l_pd) <= t`` -> local. The prefix moves through the shared store:
+    a prefill that writes through to it and one that loads from it (router/crossfetch.py) see each other's
+    prefixes as their own, so the cluster chosen computes only the increment; a prefix held by a server
+    outside the store is still recomputed by the other cluster.
+    auto: scarce, except that a store member is credited the store's prefix when loading it is cheaper
+    than recomputing it (the measured link and the cost model decide per request).
     """
 
     def __init__(self, params: PolicyParams = PolicyParams(), cost: ModelCost | None = None) -> None:
         self.params = params
         self.threshold = params.threshold
+        self.cost = cost or ModelCost(kv_bytes_per_token=1.0)
 
     def wants_remote(self, inp: RouteInput) -> bool:
         l_pd = best_cached(healthy(inp, "local_prefill"))
@@ -242,6 +183,11 @@ class ThresholdPolicy:
         return inp.prompt_len - l_pd > self.threshold
 
     def decide(self, inp: RouteInput) -> Decision:
+        """``_decide`` on views credited with what each prefill would load from the shared store."""
+        credited, priced = credit(inp, self.params, self.cost)
+        return annotate(self._decide(credited), priced, self.params.cache_rule)
+
+    def _decide(self, inp: RouteInput) -> Decision:
         if self.wants_remote(inp):
             return decide_on(inp, "prfaas", "long", self.params.overload_tokens)
         return decide_on(inp, "local", "short", self.params.overload_tokens)
@@ -276,7 +222,6 @@ class BandwidthAwarePolicy(ThresholdPolicy):
 
     def __init__(self, params: PolicyParams = PolicyParams(), cost: ModelCost | None = None) -> None:
         super().__init__(params, cost)
-        self.cost = cost or ModelCost(kv_bytes_per_token=1.0)
         self.congested = False
         self.congested_since = 0.0
 
@@ -312,7 +257,7 @@ class BandwidthAwarePolicy(ThresholdPolicy):
     def moves(self, stay_s: float, move_s: float, margin: float) -> bool:
         return move_s * margin < stay_s and move_s <= self.params.target_s
 
-    def decide(self, inp: RouteInput) -> Decision:
+    def _decide(self, inp: RouteInput) -> Decision:
         ovl = self.params.overload_tokens
         long = self.wants_remote(inp)
         first = decide_on(inp, "prfaas" if long else "local", "long" if long else "short", ovl)
@@ -356,8 +301,8 @@ class PacedPolicy(BandwidthAwarePolicy):
     60 s: held requests then queued 30-45 s at PrfaaS after the drop, P90 TTFT 56.0 s; with this rule 49.5 s).
     """
 
-    def decide(self, inp: RouteInput) -> Decision:
-        d = super().decide(inp)
+    def _decide(self, inp: RouteInput) -> Decision:
+        d = super()._decide(inp)
         room = self.params.pace_max_s - inp.waited_s
         if room <= 0 or d.reason != "long":
             return d

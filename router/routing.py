@@ -85,6 +85,7 @@ class RoutingCore:
         # prompt, and a share counted after it would leave the prompt's KV off the link's book.
         routed = Routed(d, self.link_share(d, prompt_len, hashes))
         self.cluster.instances[d.prefill].index.insert(hashes)
+        self.cluster.store.published(d.prefill, hashes)
         if self.cfg.decode_affinity_slack >= 0:  # decode caches what it served (approximate index)
             self.cluster.instances[d.decode].index.insert(hashes)
         self.metrics.record(d)

@@ -19,11 +19,13 @@ SNAPSHOT = Path(__file__).parent / "data" / "cli_flags.json"
 # --prfaas-optimistic-max-held-tokens: a cap on what optimistic prefill holds ahead of its decodes.
 # --prfaas-tier-*: host and storage tiers below the prfaas_hybrid device pool (off by default).
 # The PrfaaS prefills' KV streaming settings (chunk size, layer-wise groups), for the router's remote estimate.
+# The shared store tier across clusters: its members, its modelled size, and the pricing of a prefix load.
 # The router's admission limits (requests at once, body bytes in flight, body deadline) and its per-instance
 # circuit breaker.
 ADDED = {"router": {"--pace-max-s", "--pace-step-s", "--actuator", "--supervisor-urls", "--supervisor-token",
                     "--switch-confirm", "--switch-dwell-s", "--max-concurrent-requests", "--max-body-bytes-in-flight",
-                    "--body-timeout-s", "--breaker-failures", "--breaker-cooldown-s",
+                    "--body-timeout-s", "--breaker-failures", "--breaker-cooldown-s", "--store-instances",
+                    "--store-capacity-tokens", "--fetch-gbps", "--fetch-rtt-s", "--fetch-grid-tokens",
                     "--chunk-tokens", "--attention-layers", "--layerwise-layers-per-group", "--layerwise-min-tokens"},
          "prfaas": {"--prfaas-unified-pool", "--prfaas-layerwise-layers-per-group", "--prfaas-layerwise-min-tokens",
                     "--prfaas-optimistic-max-held-tokens",
