@@ -62,6 +62,16 @@ class PrfaasConfig:
     tier_mooncake_metadata: str = knob(
         "P2PHANDSHAKE", "Mooncake metadata server ('P2PHANDSHAKE': none, peers exchange it directly; or the "
         "http://host:port/metadata of mooncake_master --enable_http_metadata_server).")
+    tier_publish: bool = knob(
+        False, "Write-through to the storage tier: every KV block and state checkpoint the prfaas_hybrid pool "
+        "indexes is also put in the store when computed (not only when evicted), so servers elsewhere that "
+        "share the store (same model, same --prfaas-tier-key) can load the prefix. Asynchronous, bounded "
+        "queue; what does not fit is dropped and counted.")
+    tier_key: str = knob(
+        "", "File holding the tier key (>= 32 bytes, mode 0600; `prfaas keys DIR` writes DIR/tier.secret; copy it "
+        "to every server that shares the store): every tier entry is signed with HMAC-SHA256 under it, and an "
+        "entry that does not verify is refused and never loaded. Without it a storage tier others can write "
+        "(a 'mooncake' master off loopback, a 'file' directory other users can write) is left out.")
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -73,6 +83,13 @@ class PrfaasConfig:
             raise ValueError(f"--prfaas-zmq-stats-host must be an IP address, got {self.zmq_stats_host!r}") from None
         if self.tier_host_bytes < 0 or self.tier_storage_bytes < 0:
             raise ValueError("--prfaas-tier-host-bytes and --prfaas-tier-storage-bytes must be >= 0")
+        if self.tier_key:
+            from prfaas_sgl.cachepool.tiers.auth import load_key
+
+            try:
+                load_key(self.tier_key)
+            except ValueError as e:
+                raise ValueError(f"--prfaas-tier-key: {e}") from None
         for name in ("zmq_data_port", "zmq_stats_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:

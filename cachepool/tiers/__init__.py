@@ -2,15 +2,16 @@
 
 An entry is the bytes of one entry the device pool evicted (the full-attention KV of one index block, or
 the linear-attention state at one checkpoint boundary), keyed by the pool's chained block hash and
-framed with a header that names the model/layout it was written for and a checksum (`entry.py`).
+framed with a header that names the model/layout it was written for, a checksum and, under a tier key
+(`auth.py`), a MAC (`entry.py`).
 `TierStack` (stack.py) demotes entries device -> host -> storage and answers lookups host first; every
 fault below it (store down, corrupt or truncated entry, wrong model, tier full) is a miss, never an
 exception into the scheduler. Plain Python (no torch, no sglang): callers hand in and take out bytes.
 """
-from .entry import KV, KINDS, STATE, CorruptEntry, Fingerprint, decode, encode, entry_size
+from .entry import KV, KINDS, STATE, CorruptEntry, Fingerprint, Unauthenticated, decode, encode, entry_size
 from .host import HostTier
 from .stack import TierStack, TierStats
 from .storage import MooncakeStoreBackend, StorageBackend
 
 __all__ = ["KV", "KINDS", "MooncakeStoreBackend", "STATE", "CorruptEntry", "Fingerprint", "HostTier", "StorageBackend",
-           "TierStack", "TierStats", "decode", "encode", "entry_size"]
+           "TierStack", "TierStats", "Unauthenticated", "decode", "encode", "entry_size"]

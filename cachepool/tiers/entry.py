@@ -3,33 +3,44 @@
     offset  0   4s   magic b"PFTE"
             4   H    format version
             6   B    kind (KV = full-attention KV of one block, STATE = linear state at a boundary)
-            7   x    pad
+            7   B    flags (bit 0: the MAC below is set)
             8   Q    chain hash of the block (the device pool's key)
            16   Q    payload length (bytes)
            24   I    CRC-32 of the payload
            28   16s  fingerprint digest (model + layout the bytes were written for)
-           44   ...  payload
+           44   32s  MAC: HMAC-SHA256(tier key, bytes [0, 44) + payload); zeros when written without a key
+           76   ...  payload
 
 A reader that expects another kind, hash, length, fingerprint or checksum treats the entry as absent:
 bytes written by another model, another KV dtype or head layout, another TP shard, or cut short by a
-crash must never be loaded into a pool.
+crash must never be loaded into a pool. The CRC catches accidents; only the MAC stops a writer who
+means harm (the fingerprint and the CRC are public functions of the bytes): a reader with a key loads
+nothing whose MAC does not verify under it, unsigned entries included.
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import Optional
 
 KV, STATE = 0, 1
 KINDS = {KV: "kv", STATE: "state"}
-MAGIC, VERSION = b"PFTE", 1
-_HEADER = struct.Struct("<4sHBxQQI16s")
-HEADER_BYTES = _HEADER.size
+MAGIC, VERSION = b"PFTE", 2
+SIGNED = 0x01
+_BODY = struct.Struct("<4sHBBQQI16s")  # what the MAC covers, with the payload
+_MAC_BYTES = 32
+HEADER_BYTES = _BODY.size + _MAC_BYTES
 
 
 class CorruptEntry(ValueError):
     """An entry whose header or checksum does not match what the reader expects; the message says what."""
+
+
+class Unauthenticated(CorruptEntry):
+    """An entry whose MAC does not verify under the reader's key (unsigned, another key, or forged)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,16 +63,26 @@ def entry_size(payload_bytes: int) -> int:
     return HEADER_BYTES + payload_bytes
 
 
-def encode(fp: Fingerprint, kind: int, block_hash: int, payload: bytes) -> bytes:
-    head = _HEADER.pack(MAGIC, VERSION, kind, block_hash, len(payload), zlib.crc32(payload), fp.digest)
-    return head + payload
+def _mac(key: bytes, body: bytes, payload) -> bytes:
+    m = hmac.new(key, body, hashlib.sha256)
+    m.update(payload)
+    return m.digest()
 
 
-def decode(fp: Fingerprint, kind: int, block_hash: int, blob: bytes, payload_bytes: int) -> bytes:
-    """The payload of `blob`; raises CorruptEntry if anything differs from what the caller expects."""
+def encode(fp: Fingerprint, kind: int, block_hash: int, payload: bytes, key: Optional[bytes] = None) -> bytes:
+    """The entry's bytes; signed with `key` (the tier key) when given."""
+    body = _BODY.pack(MAGIC, VERSION, kind, SIGNED if key else 0, block_hash, len(payload), zlib.crc32(payload),
+                      fp.digest)
+    return body + (_mac(key, body, payload) if key else bytes(_MAC_BYTES)) + payload
+
+
+def decode(fp: Fingerprint, kind: int, block_hash: int, blob: bytes, payload_bytes: int,
+           key: Optional[bytes] = None) -> bytes:
+    """The payload of `blob`; raises CorruptEntry if anything differs from what the caller expects, and
+    Unauthenticated if `key` is given and the entry's MAC does not verify under it."""
     if len(blob) < HEADER_BYTES:
         raise CorruptEntry(f"{len(blob)} bytes, shorter than the {HEADER_BYTES}-byte header")
-    magic, version, k, h, n, crc, digest = _HEADER.unpack_from(blob)
+    magic, version, k, flags, h, n, crc, digest = _BODY.unpack_from(blob)
     checks = ((magic == MAGIC, f"magic {magic!r}"), (version == VERSION, f"version {version}"),
               (k == kind, f"kind {k}, expected {kind}"), (h == block_hash, f"hash {h:x}, expected {block_hash:x}"),
               (digest == fp.digest, "written for another model/layout"),
@@ -70,7 +91,14 @@ def decode(fp: Fingerprint, kind: int, block_hash: int, blob: bytes, payload_byt
     for ok, why in checks:
         if not ok:
             raise CorruptEntry(why)
-    payload = bytes(memoryview(blob)[HEADER_BYTES:])
+    view = memoryview(blob)
+    if key is not None:
+        if not flags & SIGNED:
+            raise Unauthenticated("unsigned entry (written without a tier key)")
+        tag = bytes(view[_BODY.size:HEADER_BYTES])
+        if not hmac.compare_digest(_mac(key, bytes(view[:_BODY.size]), view[HEADER_BYTES:]), tag):
+            raise Unauthenticated("MAC mismatch (written under another tier key, or forged)")
+    payload = bytes(view[HEADER_BYTES:])
     if zlib.crc32(payload) != crc:
         raise CorruptEntry("checksum mismatch")
     return payload

@@ -7,17 +7,21 @@ Nothing raised below this class reaches the caller (the scheduler thread): a sto
 logged once per kind of failure, counted, and answered as "not stored" / "miss". A store that is down
 answers each call only after its RPC timeout (Mooncake: ~4.4 s measured), so after a failure the storage
 tier is skipped for `retry_s` (puts dropped, gets missed): one stall per window, not one per block. A corrupt, truncated
-or foreign entry is counted and dropped from the tier it came from.
+or foreign entry is counted and dropped from the tier it came from; so is, with a tier key, an entry
+whose MAC does not verify (unsigned, signed under another key, forged): nothing unverified is returned.
+With `publish_queue_bytes`, `publish()` also writes what the device computes to storage (publish.py).
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from .entry import CorruptEntry, Fingerprint, decode, encode, entry_size
+from .entry import CorruptEntry, Fingerprint, Unauthenticated, decode, encode, entry_size
 from .host import HostTier
+from .publish import Publisher
 from .storage import StorageBackend
 
 log = logging.getLogger(__name__)
@@ -25,14 +29,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class TierStats:
-    """Counts since start (entries unless named bytes)."""
+    """Counts since start (entries unless named bytes); written on the scheduler thread, except
+    storage_errors (under TierStack's lock: the publisher's worker fails too)."""
 
     put: int = 0  # entries the device pool demoted
     host_hits: int = 0
     storage_hits: int = 0
     misses: int = 0
     corrupt: int = 0  # failed header/checksum checks (dropped)
-    stored: int = 0  # entries written to storage
+    refused_mac: int = 0  # entries whose MAC did not verify under the tier key (dropped, never loaded)
+    stored: int = 0  # entries demoted into storage
+    stored_bytes: int = 0  # their encoded bytes
     dropped: int = 0  # entries no tier kept (no storage, storage full or down)
     storage_errors: int = 0  # storage backend failures (each skips the tier for retry_s)
     loaded_bytes: int = 0  # payload bytes returned by get()
@@ -43,19 +50,43 @@ class TierStats:
 
 class TierStack:
     def __init__(self, fp: Fingerprint, host: Optional[HostTier], storage: Optional[StorageBackend],
-                 retry_s: float = 5.0) -> None:
+                 retry_s: float = 5.0, key: Optional[bytes] = None, publish_queue_bytes: int = 0) -> None:
+        """key: the tier key (auth.py) entries are signed and verified with; None: unsigned, unverified.
+        publish_queue_bytes > 0 (with a storage tier): publish() writes through, queued up to that many
+        payload bytes."""
         if host is None and storage is None:
             raise ValueError("a tier stack needs a host tier, a storage tier, or both")
-        self.fp, self.host, self.storage = fp, host, storage
+        self.fp, self.host, self.storage, self.key = fp, host, storage, key
         self.retry_s = retry_s
         self._skip_until = 0.0  # time.monotonic() before which the storage tier counts as down
+        self._lock = threading.Lock()  # _skip_until and storage_errors: the publisher's worker calls storage too
         self.stats = TierStats()
         self._logged: set[str] = set()
+        self.publisher = Publisher(self._put_computed, publish_queue_bytes) \
+            if publish_queue_bytes > 0 and storage is not None else None
+
+    def counters(self) -> dict[str, int]:
+        """Every counter, the publisher's included (a snapshot for /stats and /metrics)."""
+        out = self.stats.as_dict()
+        if self.publisher is not None:
+            out.update(self.publisher.stats.as_dict(), publish_queued_bytes=self.publisher.queued_bytes)
+        return out
+
+    def publish(self, kind: int, block_hash: int, payload: bytes) -> None:
+        """Write one entry the device pool just computed through to storage (asynchronously; a no-op
+        without a publisher). The caller keeps its own copy: `payload` must not change afterwards."""
+        if self.publisher is not None:
+            self.publisher.offer(kind, block_hash, payload)
+
+    def _put_computed(self, kind: int, block_hash: int, payload: bytes) -> int:
+        """Worker thread: encode, sign and store one entry; its encoded size, or 0 if not stored."""
+        blob = encode(self.fp, kind, block_hash, payload, self.key)
+        return len(blob) if self._call("put", False, self.fp.key(kind, block_hash), blob) else 0
 
     def put(self, kind: int, block_hash: int, payload: bytes) -> None:
         """Demote one evicted entry's bytes: into the host tier, whose overflow goes to storage."""
         self.stats.put += 1
-        key, blob = self.fp.key(kind, block_hash), encode(self.fp, kind, block_hash, payload)
+        key, blob = self.fp.key(kind, block_hash), encode(self.fp, kind, block_hash, payload, self.key)
         spilled = self.host.put(key, blob) if self.host is not None else [(key, blob)]
         for k, b in spilled:
             self._store(k, b)
@@ -98,10 +129,15 @@ class TierStack:
     def _verified(self, kind: int, block_hash: int, blob: bytes, payload_bytes: int, key: str,
                   from_host: bool) -> Optional[bytes]:
         try:
-            return decode(self.fp, kind, block_hash, blob, payload_bytes)
+            return decode(self.fp, kind, block_hash, blob, payload_bytes, self.key)
         except CorruptEntry as e:
-            self.stats.corrupt += 1
-            self._log_once("corrupt", "tier entry %s dropped: %s", key, e)
+            refused = isinstance(e, Unauthenticated)
+            if refused:
+                self.stats.refused_mac += 1
+            else:
+                self.stats.corrupt += 1
+            self._log_once("mac" if refused else "corrupt", "tier entry %s refused and dropped: %s (counted in %s; "
+                           "logged once)", key, e, "refused_mac" if refused else "corrupt")
             if from_host:
                 self.host.pop(key)  # type: ignore[union-attr]
             else:
@@ -111,6 +147,7 @@ class TierStack:
     def _store(self, key: str, blob: bytes) -> None:
         if self.storage is not None and self._call("put", False, key, blob):
             self.stats.stored += 1
+            self.stats.stored_bytes += len(blob)
         else:
             self.stats.dropped += 1
 
@@ -121,8 +158,9 @@ class TierStack:
         try:
             return getattr(self.storage, name)(*args)
         except Exception as e:  # any backend failure is a miss: never an exception into the scheduler
-            self.stats.storage_errors += 1
-            self._skip_until = time.monotonic() + self.retry_s
+            with self._lock:
+                self.stats.storage_errors += 1
+                self._skip_until = time.monotonic() + self.retry_s
             self._log_once(f"{name}:{type(e).__name__}", "storage tier %s failed (%s: %s); treated as a miss",
                            name, type(e).__name__, e)
             return failed

@@ -4,6 +4,7 @@ extended from the host or file tier and loads the exact bytes back into fresh sl
 fault (corrupt entry, tier too small, another model's entries) ends the hit early instead of raising."""
 from __future__ import annotations
 
+import os
 from array import array
 from types import SimpleNamespace as NS
 
@@ -53,6 +54,7 @@ def _compute(cache, mamba, kv, kvcache, tokens, seed):
     (checkpointed), then the request's release. Returns {boundary: state tensors}, the row's KV."""
     g = torch.Generator().manual_seed(seed)
     req = NS(rid=f"r{seed}", extra_key=None, cache_salt=None, full_untruncated_fill_ids=array("q", tokens),
+             finished=lambda: False,
              kv=NS(req_pool_idx=0, mamba_pool_idx=torch.tensor(1), mamba_cow_src_index=None,
                    mamba_needs_clear=False, holds_mamba=True))
     slots = kv.alloc(len(tokens))
@@ -151,3 +153,76 @@ def test_a_storage_tier_that_cannot_start_leaves_the_server_serving(tmp_path):
     cache = _cache(tmp_path, tier_host_bytes=1 << 20, tier_storage="file")[0]
     assert cache.tiers is not None and cache.tiers.stack.storage is None
     assert _cache(tmp_path, tier_storage="file")[0].tiers is None
+
+
+@pytest.fixture
+def tier_key(tmp_path):
+    from prfaas_sgl.cachepool.tiers.auth import write_key
+
+    path = str(tmp_path / "tier.secret")
+    write_key(path)
+    return path
+
+
+def test_a_keyed_server_never_loads_unsigned_entries_a_shared_store_holds(tmp_path, tier_key):
+    """Someone who can write to the store (here: a keyless server of the same model) put entries there:
+    a server with a tier key refuses each one (counted, removed), loads nothing into its device pool,
+    and recomputes."""
+    writer, mamba, kv, kvcache = _cache(tmp_path, tier_storage="file")
+    _compute(writer, mamba, kv, kvcache, PROMPT, seed=5)
+    _evict_all(writer)
+    reader = _cache(tmp_path, tier_storage="file", tier_key=tier_key)[0]
+    res, _ = _match(reader, PROMPT + [7])
+    assert res.device_prefix_len == 0 and reader.tiers.stack.stats.refused_mac >= 1
+    assert not reader.mirror.kv_of and not reader.mirror.state_of and reader.tiers.loaded_blocks == 0
+    assert not reader.tiers.stack.storage.exists(reader.tiers.stack.fp.key(KV, reader.memo.get("y", PROMPT).hashes[0]))
+
+
+def test_a_signed_prefix_loads_back_under_the_same_key(tmp_path, tier_key):
+    writer, mamba, kv, kvcache = _cache(tmp_path, tier_storage="file", tier_key=tier_key)
+    _compute(writer, mamba, kv, kvcache, PROMPT, seed=6)
+    _evict_all(writer)
+    res, _ = _match(writer, PROMPT + [7])
+    assert res.device_prefix_len == 2 * CHUNK and writer.tiers.stack.stats.refused_mac == 0
+
+
+@pytest.mark.parametrize("where", ["mooncake_off_loopback", "file_others_can_write"])
+def test_a_storage_tier_others_can_write_needs_a_key(tmp_path, tier_key, caplog, where):
+    """Without --prfaas-tier-key such a tier is left out with an error that says how to fix it (the
+    server serves with its host tier); with the key it is used. The check runs before any connection."""
+    if where == "mooncake_off_loopback":
+        flags_ = dict(tier_storage="mooncake", tier_mooncake_master="192.0.2.1:50051")  # TEST-NET: unroutable
+    else:
+        (tmp_path / "l3").mkdir()
+        os.chmod(tmp_path / "l3", 0o777)
+        flags_ = dict(tier_storage="file")
+    cache = _cache(tmp_path, tier_host_bytes=1 << 20, **flags_)[0]
+    assert cache.tiers is not None and cache.tiers.stack.storage is None
+    assert "--prfaas-tier-key" in caplog.text and "left out" in caplog.text
+    if where == "file_others_can_write":
+        assert _cache(tmp_path, tier_key=tier_key, **flags_)[0].tiers.stack.storage is not None
+
+
+def test_with_write_through_a_server_that_never_saw_a_prompt_loads_it_from_the_shared_store(tmp_path, tier_key):
+    """--prfaas-tier-publish: what the writer indexes is put in the store while the writer still holds it
+    (nothing evicted); a second server of the same model and key loads the prefix byte-exact from there."""
+    writer, mamba, kv, kvcache = _cache(tmp_path, tier_storage="file", tier_key=tier_key, tier_publish=True)
+    states, kv_bytes = _compute(writer, mamba, kv, kvcache, PROMPT, seed=7)
+    assert writer.tiers.stack.publisher.flush(10)
+    assert writer.tiers.stack.counters()["published"] == 4 and writer.mirror.kv_of  # still on the device
+    reader, mamba_r, _, kvcache_r = _cache(tmp_path, tier_storage="file", tier_key=tier_key)
+    res, req = _match(reader, PROMPT + [7])
+    assert res.device_prefix_len == 2 * CHUNK and reader.tiers.stack.stats.storage_hits == 4
+    slots = reader.path_device_indices(res.last_device_node)
+    for i, s in enumerate(slots.tolist()):
+        assert torch.equal(torch.cat([t[s].reshape(-1) for t in kvcache_r.k_buffer + kvcache_r.v_buffer]), kv_bytes[i])
+    for want, t in zip(states[2 * CHUNK], [*mamba_r.mamba_cache.conv, mamba_r.mamba_cache.temporal]):
+        assert torch.equal(t[:, int(req.kv.mamba_cow_src_index)], want)
+    assert reader.tiers.stack.publisher is None  # off unless asked
+
+
+def test_without_write_through_nothing_reaches_the_store_until_evicted(tmp_path):
+    writer, mamba, kv, kvcache = _cache(tmp_path, tier_storage="file")
+    _compute(writer, mamba, kv, kvcache, PROMPT, seed=8)
+    res, _ = _match(_cache(tmp_path, tier_storage="file")[0], PROMPT + [7])
+    assert res.device_prefix_len == 0

@@ -61,3 +61,19 @@ def test_a_dead_then_empty_master_gives_misses_and_the_tier_recovers(master):
         time.sleep(1.2)
         stack.put(KV, 12, PAYLOAD)
     assert stack.get(KV, 12, len(PAYLOAD)) == PAYLOAD
+
+
+def test_entries_injected_straight_into_the_master_are_refused_under_a_tier_key(master):
+    """Anyone who reaches mooncake_master can put any key: an unsigned entry and one signed under another
+    key, each well formed for this model, are refused by a keyed reader, counted and removed; the
+    reader's own signed entry loads."""
+    key = b"k" * 64
+    attacker = MooncakeStoreBackend(master.addr)  # a second client of the same master
+    assert attacker.put(FP.key(KV, 20), encode(FP, KV, 20, PAYLOAD))
+    assert attacker.put(FP.key(STATE, 20), encode(FP, STATE, 20, PAYLOAD, b"x" * 64))
+    stack = TierStack(FP, None, MooncakeStoreBackend(master.addr), key=key)
+    assert stack.get(KV, 20, len(PAYLOAD)) is None and stack.get(STATE, 20, len(PAYLOAD)) is None
+    assert stack.stats.refused_mac == 2 and stack.stats.corrupt == 0
+    assert not attacker.exists(FP.key(KV, 20)) and not attacker.exists(FP.key(STATE, 20))
+    stack.storage.put(FP.key(KV, 22), encode(FP, KV, 22, PAYLOAD, key))
+    assert stack.get(KV, 22, len(PAYLOAD)) == PAYLOAD

@@ -122,3 +122,19 @@ def test_an_extension_needs_kv_for_every_block_and_a_state_at_every_boundary():
     assert ext(0, 10, st=states - {15}) == 4  # no state at block 6's boundary: the chain stops before it
     assert ext(0, 10, kv=kv - {16}) == 6  # block 6 lacks KV
     assert ext(4, 10, kv=kv - {14}) == 4  # nothing past the start: the device hit stands
+
+
+def test_a_removed_file_entry_gives_its_bytes_back_to_the_file_tiers_bound(tmp_path, file_backend_cls):
+    """The file tier holds three entries; one turns out corrupt and is removed: a fourth entry then fits
+    without evicting a good one (before, the LRU still counted the removed file and evicted entry 1)."""
+    size = HEADER_BYTES + len(PAYLOAD)
+    store = file_backend_cls(str(tmp_path / "l3"), max_bytes=3 * size)
+    stack = TierStack(FP, None, store)
+    for h in (1, 2, 3):
+        stack.put(KV, h, PAYLOAD)
+    bad = bytearray(open(_file_path(store, FP.key(KV, 3)), "rb").read())
+    bad[-1] ^= 1
+    open(_file_path(store, FP.key(KV, 3)), "wb").write(bytes(bad))
+    assert stack.get(KV, 3, len(PAYLOAD)) is None and stack.stats.corrupt == 1
+    stack.put(KV, 4, PAYLOAD)
+    assert all(store.exists(FP.key(KV, h)) for h in (1, 2, 4))

@@ -17,11 +17,12 @@ SNAPSHOT = Path(__file__).parent / "data" / "cli_flags.json"
 # --prfaas-unified-pool: one slab for KV and linear-attention states.
 # --prfaas-layerwise-*: layer-group streaming of a prompt's KV while later layers compute (off by default).
 # --prfaas-optimistic-max-held-tokens: a cap on what optimistic prefill holds ahead of its decodes.
-# --prfaas-tier-*: host and storage tiers below the prfaas_hybrid device pool (off by default).
-# The PrfaaS prefills' KV streaming settings (chunk size, layer-wise groups), for the router's remote estimate.
-# The shared store tier across clusters: its members, its modelled size, and the pricing of a prefix load.
+# --prfaas-tier-*: host and storage tiers below the prfaas_hybrid device pool (off by default), the key that
+# signs their entries, and their write-through to a shared store.
 # The router's admission limits (requests at once, body bytes in flight, body deadline) and its per-instance
 # circuit breaker.
+# The PrfaaS prefills' KV streaming settings (chunk size, layer-wise groups), for the router's remote estimate.
+# The shared store tier across clusters: its members, its modelled size, and the pricing of a prefix load.
 ADDED = {"router": {"--pace-max-s", "--pace-step-s", "--actuator", "--supervisor-urls", "--supervisor-token",
                     "--switch-confirm", "--switch-dwell-s", "--max-concurrent-requests", "--max-body-bytes-in-flight",
                     "--body-timeout-s", "--breaker-failures", "--breaker-cooldown-s", "--store-instances",
@@ -30,7 +31,8 @@ ADDED = {"router": {"--pace-max-s", "--pace-step-s", "--actuator", "--supervisor
          "prfaas": {"--prfaas-unified-pool", "--prfaas-layerwise-layers-per-group", "--prfaas-layerwise-min-tokens",
                     "--prfaas-optimistic-max-held-tokens",
                     "--prfaas-tier-host-bytes", "--prfaas-tier-storage", "--prfaas-tier-storage-path",
-                    "--prfaas-tier-storage-bytes", "--prfaas-tier-mooncake-master", "--prfaas-tier-mooncake-metadata"}}
+                    "--prfaas-tier-storage-bytes", "--prfaas-tier-mooncake-master", "--prfaas-tier-mooncake-metadata",
+                    "--prfaas-tier-key", "--prfaas-tier-publish"}}
 
 
 def _action(a: argparse.Action, group: str) -> dict:

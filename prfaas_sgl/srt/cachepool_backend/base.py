@@ -126,6 +126,8 @@ class PrfaasHybridCache(BasePrefixCache):
     def _drain(self, insert: Insert | None = None) -> tuple[int, int, int]:
         counts = self._apply(insert)
         self.mirror.flush()
+        if self.tiers is not None:  # what was just indexed, written through to a shared store if asked
+            self.tiers.publish_stored()
         return counts
 
     def _apply(self, insert: Insert | None = None) -> tuple[int, int, int]:

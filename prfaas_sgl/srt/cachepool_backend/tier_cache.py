@@ -24,8 +24,9 @@ from typing import Optional
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-from prfaas_sgl.cachepool import BlockRemoved
+from prfaas_sgl.cachepool import BlockRemoved, BlockStored
 from prfaas_sgl.cachepool.tiers import KV, STATE, Fingerprint, HostTier, TierStack
+from prfaas_sgl.cachepool.tiers.auth import load_key, shared_without_key
 from prfaas_sgl.cachepool.tiers.plan import extension
 
 from .mirror import FULL, LINEAR, Insert
@@ -34,6 +35,9 @@ from .tier_storage import build_storage
 
 log = logging.getLogger(__name__)
 _ONE_TOKEN = array("q", [0])
+# --prfaas-tier-publish: payload bytes waiting for the store at most (~2,000 entries of the tiny GDN
+# model's 33 KB); past it new entries are dropped and counted rather than held without bound
+PUBLISH_QUEUE_BYTES = 64 << 20
 
 
 def attach(cache, ctx, mode: str):
@@ -52,19 +56,40 @@ def attach(cache, ctx, mode: str):
     fp = Fingerprint(f"{ctx.server_args.model_path}|tp{ctx.tp_rank}/{ctx.tp_size}|{io.layout()}"
                      f"|seed={cache.pool.cfg.hash_seed}")
     host = HostTier(cfg.tier_host_bytes) if cfg.tier_host_bytes else None
-    try:
-        storage = build_storage(cfg.tier_storage, cfg.tier_storage_path, cfg.tier_storage_bytes,
-                                cfg.tier_mooncake_master, cfg.tier_mooncake_metadata, ctx.tp_rank, ctx.tp_size)
-    except OSError as e:  # a store down at start is a fault like any other: serve, recompute what it would hold
-        log.warning("prfaas_hybrid tiers: storage tier %r unavailable at start (%s); serving without it",
-                    cfg.tier_storage, e)
-        storage = None
+    key = load_key(cfg.tier_key) if cfg.tier_key else None  # checked at flag parsing: a failure here is a race
+    storage = _storage(cfg, ctx, key)
     if host is None and storage is None:
         return cache
-    cache.tiers = Tiers(cache, TierStack(fp, host, storage), io)
-    log.info("prfaas_hybrid tiers: host %d bytes, storage %s; entries: KV %d bytes, state %d bytes",
-             cfg.tier_host_bytes, cfg.tier_storage, io.kv_bytes, io.state_bytes)
+    publish = PUBLISH_QUEUE_BYTES if cfg.tier_publish and storage is not None else 0
+    cache.tiers = Tiers(cache, TierStack(fp, host, storage, key=key, publish_queue_bytes=publish), io)
+    log.info("prfaas_hybrid tiers: host %d bytes, storage %s%s, entries %s; entries: KV %d bytes, state %d bytes",
+             cfg.tier_host_bytes, cfg.tier_storage if storage is not None else "none",
+             " (write-through)" if publish else "", "signed (HMAC-SHA256)" if key else "unsigned",
+             io.kv_bytes, io.state_bytes)
     return cache
+
+
+def _storage(cfg, ctx, key: Optional[bytes]):
+    """The storage tier the flags name, or None: a store others can write and no key to tell our entries
+    from injected ones, or a store down at start (a fault like any other: serve, recompute what it
+    would hold)."""
+    if cfg.tier_storage == "none":
+        return None
+    shared = None if key else shared_without_key(cfg.tier_storage, cfg.tier_storage_path,
+                                                 cfg.tier_mooncake_master, cfg.tier_mooncake_metadata)
+    if shared:
+        log.error("prfaas_hybrid tiers: storage tier %r left out: %s, and no --prfaas-tier-key is given, so anyone "
+                  "who can write to it could inject KV this server would load. Create a key with `prfaas keys DIR` "
+                  "and pass --prfaas-tier-key DIR/tier.secret on every server sharing the store; serving without it",
+                  cfg.tier_storage, shared)
+        return None
+    try:
+        return build_storage(cfg.tier_storage, cfg.tier_storage_path, cfg.tier_storage_bytes,
+                             cfg.tier_mooncake_master, cfg.tier_mooncake_metadata, ctx.tp_rank, ctx.tp_size)
+    except OSError as e:
+        log.warning("prfaas_hybrid tiers: storage tier %r unavailable at start (%s); serving without it",
+                    cfg.tier_storage, e)
+        return None
 
 
 class Tiers:
@@ -72,12 +97,17 @@ class Tiers:
         self.cache, self.stack, self.io = cache, stack, io
         self._ids = itertools.count()
         self.loaded_blocks = self.loaded_states = 0
+        self._stored: list[tuple[int, int]] = []  # (group, hash) indexed since the last publish_stored()
+        self._loading = False  # what a load indexes came from the tiers: not published again
 
-    # -- demotion -----------------------------------------------------------------------------
+    # -- demotion and write-through ------------------------------------------------------------
     def demote(self, events: list) -> None:
-        """Copy out what the pool just evicted, before the mirror frees its memory."""
+        """Copy out what the pool just evicted, before the mirror frees its memory; note what it
+        just stored, for publish_stored() once the mirror has bound it."""
         mirror = self.cache.mirror
         for ev in events:
+            if isinstance(ev, BlockStored) and self.stack.publisher is not None and not self._loading:
+                self._stored.extend((ev.group, h) for h in ev.block_hashes if ev.group in (FULL, LINEAR))
             if not isinstance(ev, BlockRemoved):
                 continue
             for h in ev.block_hashes:
@@ -85,6 +115,18 @@ class Tiers:
                     self.stack.put(KV, h, self.io.read_kv(mirror.kv_slots([h])))
                 elif ev.group == LINEAR and h in mirror.state_of:
                     self.stack.put(STATE, h, self.io.read_state(self._physical(mirror.state_of[h])))
+
+    def publish_stored(self) -> None:
+        """Write what the pool indexed since the last call through to the storage tier (the bytes are
+        copied out here, on the scheduler thread; the store is written by the publisher's worker)."""
+        if not self._stored:
+            return
+        mirror, stored, self._stored = self.cache.mirror, self._stored, []
+        for group, h in stored:
+            if group == FULL and h in mirror.kv_of:
+                self.stack.publish(KV, h, self.io.read_kv(mirror.kv_slots([h])))
+            elif group == LINEAR and h in mirror.state_of:
+                self.stack.publish(STATE, h, self.io.read_state(self._physical(mirror.state_of[h])))
 
     def clear_host(self) -> None:
         self.stack.clear_host()
@@ -125,12 +167,14 @@ class Tiers:
         start = c.pool.admit(load_id, seen.tokens[:k * bs] + _ONE_TOKEN, num_tokens=k0 * bs,
                              hashes=hashes).num_cached_tokens // bs  # holds the device hit [0, k0)
         c._drain()
+        self._loading = True
         try:
             if start != k0:
                 return k0
             kv_slots, states = self._allocate(hashes, k0, k, step)
             return self._fill_and_index(load_id, hashes, k0, k, step, kv_slots, states)
         finally:
+            self._loading = False
             c.pool.free(load_id)
             c._drain()
 
@@ -171,7 +215,7 @@ class Tiers:
                 insert = self._fill_interval(hashes, b, step, row, kv_slots, states)
                 if insert is None:
                     break
-                c.pool.grow(load_id, b * bs)
+                c.pool.grow(load_id, b * bs, state_at_end=True)  # the pool has no grid: mark the state
                 c._drain()
                 c.pool.commit(load_id, b * bs)
                 c._drain(insert)

@@ -9,6 +9,7 @@ What it lacks (its own TODO: "raw file payloads do not describe their format") o
 from __future__ import annotations
 
 import os
+import socket
 from typing import Optional
 
 import torch
@@ -41,12 +42,17 @@ class HiCacheFileBackend:
         return self._file.exists(key)
 
     def remove(self, key: str) -> None:
-        # HiCacheFile has no single-key delete; its file name is the key plus its config suffix
-        path = os.path.join(self.path, f"{self._file._get_suffixed_key(key)}.bin")
+        # HiCacheFile has no single-key delete; its file name is the key plus its config suffix. Its LRU
+        # evictor counts the file's bytes against max_size until told: abort() (the call that refunds a
+        # failed write) drops the entry and its bytes, so the bound is not eaten by removed files
+        suffixed = self._file._get_suffixed_key(key)
         try:
-            os.remove(path)
+            os.remove(os.path.join(self.path, f"{suffixed}.bin"))
         except FileNotFoundError:
             pass
+        self._file._evictor.abort(suffixed)
+        if self._file.metadata_cache is not None:
+            self._file.metadata_cache.remove(suffixed)
 
     def clear(self) -> None:
         self._file.clear()
@@ -60,5 +66,20 @@ def build_storage(kind: str, path: str, max_bytes: int, master: str, metadata: s
     if kind == "file":
         return HiCacheFileBackend(path, max_bytes, tp_rank, tp_size)
     if kind == "mooncake":
-        return MooncakeStoreBackend(master, metadata)
+        return MooncakeStoreBackend(master, metadata, local_host=_address_towards(master))
     raise ValueError(f"unknown storage tier {kind!r}; use none, file or mooncake")
+
+
+def _address_towards(master: str) -> str:
+    """The local address Mooncake's transfer engine advertises: loopback for a master on this machine,
+    else the address this host routes to the master from (peers read entries from our segment there;
+    left to itself Mooncake takes the first NIC, which may not be the routed one)."""
+    from prfaas_sgl.cachepool.tiers.auth import host_of
+    from prfaas_sgl.config import is_loopback
+
+    host, port = host_of(master), int(master.rsplit(":", 1)[-1])
+    if is_loopback(host):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))  # UDP: no packet is sent; the kernel only picks the route
+        return s.getsockname()[0]

@@ -1,4 +1,5 @@
-"""`prfaas keys DIR`: create the prfaas_zmq keys directory (CURVE key pairs, authorized keys, Register secret)."""
+"""`prfaas keys DIR`: create the prfaas_zmq keys directory (CURVE key pairs, authorized keys, Register secret)
+and the tier key that signs prfaas_hybrid's storage-tier entries (tier.secret)."""
 from __future__ import annotations
 
 import argparse
@@ -14,10 +15,12 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from prfaas_sgl.cachepool.tiers.auth import KEY_FILE, write_key
     from prfaas_sgl.transfer.security import generate_keys
 
     try:
         generate_keys(args.keys_dir, args.client_name)
+        write_key(os.path.join(args.keys_dir, KEY_FILE))
     except OSError as e:
         print(f"prfaas keys: {e}", file=sys.stderr)
         return 2
@@ -27,5 +30,7 @@ def run(args: argparse.Namespace) -> int:
           f"  decode hosts:  server.key_secret, server.key, authorized_clients/, register.secret\n"
           f"  secret files are 0600 in 0700 directories: keep them so when you copy (scp -p, rsync -p); a server\n"
           f"  refuses a secret file other users can read\n"
-          f"  then start every server with --prfaas-zmq-curve-keys {os.path.abspath(d)}")
+          f"  then start every server with --prfaas-zmq-curve-keys {os.path.abspath(d)}\n"
+          f"  servers sharing a prfaas_hybrid storage tier: {KEY_FILE}, with --prfaas-tier-key "
+          f"{os.path.join(os.path.abspath(d), KEY_FILE)}")
     return 0
