@@ -109,5 +109,5 @@ def annotate(d: Decision, priced: dict[str, PrefixFetch], rule: str) -> Decision
     if f is None or d.pace_s > 0:
         return d
     if credited(rule, f):
-        return dataclasses.replace(d, fetch="fetch", fetched_len=f.tokens, fetch_bytes=f.nbytes)
+        return dataclasses.replace(d, fetch="fetch", fetched_len=f.tokens, fetch_bytes=f.nbytes, fetch_s=f.fetch_s)
     return dataclasses.replace(d, fetch="recompute")

@@ -90,3 +90,4 @@ class Decision:
     fetch: str = ""
     fetched_len: int = 0
     fetch_bytes: float = 0.0
+    fetch_s: float = 0.0  # the load's predicted seconds (the simulator charges them to the prefill)

@@ -10,6 +10,10 @@ Request timeline (seconds):
   last chunk's or, layer-wise, its last group's pages: cost.Streaming); local prefill: kv_ready =
   prefill_end (intra-cluster RDMA never binds, as in the paper). TTFT = decode_start − arrival (SGLang's
   first token comes with the prefill, the user sees it once decode admits the request).
+Every prefill writes what it computes through to one shared store (``self.store``, as large as all their
+caches): under the abundant and auto cache rules a prefill credited a prefix from it (router/crossfetch.py)
+first loads it for the decision's predicted ``fetch_s``, then computes the increment. Those bytes are not
+put on the PrfaaS -> decode link model.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class Simulator:
         local = [PrefillServer(f"pd-p-{i}", "local_prefill", sys.local.prefill_s, ApproxIndex(cap))
                  for i in range(n_p)]
         self.prefill = {s.name: s for s in remote + local}
+        self.store = ApproxIndex(cap * len(self.prefill))
         self.decode = {f"pd-d-{i}": DecodeServer(f"pd-d-{i}", sys.local.decode_max_batch, sys.local.decode_step_s,
                                                  ApproxIndex(cap)) for i in range(n_d)}
         params = dataclasses.replace(cfg.policy_params, threshold=int(threshold))
@@ -140,7 +145,8 @@ class Simulator:
                                self._cached(d.cache, req)) for d in self.decode.values()]
         rate_bps = self.link.rate * 8
         link = LinkView(self.sys.link_Bps * 8, rate_bps, self.link.in_flight(now), 0.0, self.committed)
-        return RouteInput(req.input_len, tuple(views), link, now, waited_s=now - req.arrival)
+        return RouteInput(req.input_len, tuple(views), link, now, waited_s=now - req.arrival,
+                          store_prefix=self._cached(self.store, req), store_readers=frozenset(self.prefill))
 
     def on_arrive(self, now: float, req: SimRequest, _v: int) -> None:
         inp = self.route_input(req, now)
@@ -150,7 +156,7 @@ class Simulator:
             self.push(now + dec.pace_s, ARRIVE, req)
             return
         req.route, req.reason, req.prefill, req.decode = dec.route, dec.reason, dec.prefill, dec.decode
-        req.incremental = max(dec.incremental_len, 1)
+        req.incremental, req.fetch_s = max(dec.incremental_len, 1), dec.fetch_s
         self.assigned[dec.decode] += 1
         if self.ctl is not None:
             self.ctl.observe(req.incremental, now)
@@ -186,6 +192,7 @@ class Simulator:
     def on_prefill_done(self, now: float, srv: PrefillServer, _v: int) -> None:
         req = srv.finish(now)
         srv.cache.insert(req.hashes) if srv.cache.capacity > 0 else None
+        self.store.insert(req.hashes)
         if srv.pool != "prfaas":
             self.push(now, KV_READY, req)
         elif not math.isnan(req.link_done):

@@ -41,7 +41,7 @@ class PrefillServer:
             return None
         req = self.current = self.queue.popleft()
         req.prefill_start, self.cur_start = now, now
-        return now + self.prefill_s.at(req.incremental)
+        return now + req.fetch_s + self.prefill_s.at(req.incremental)
 
     def finish(self, now: float) -> SimRequest:
         req, self.current = self.current, None

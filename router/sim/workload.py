@@ -35,6 +35,7 @@ class SimRequest:
     incremental: int = 0
     kv_bytes: float = 0.0  # bytes crossing the inter-DC link (0 for local prefill)
     held_s: float = 0.0  # seconds pacing held it at the router before its route was decided
+    fetch_s: float = 0.0  # seconds its prefill spends loading the prefix credited from the shared store
     prefill_start: float = NAN
     prefill_end: float = NAN
     link_done: float = NAN

@@ -139,3 +139,30 @@ def test_cache_rule_auto_is_a_valid_setting():
     assert dataclasses.replace(PolicyParams(), cache_rule="auto").cache_rule == "auto"
     with pytest.raises(ValueError, match="cache_rule"):
         PolicyParams(cache_rule="plenty")
+
+
+def _sim(rule: str):
+    from pathlib import Path
+
+    from prfaas_sgl.router.planner import load_scenario
+    from prfaas_sgl.router.sim.config import sim_config
+    from prfaas_sgl.router.sim.run import build
+
+    case = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "paper_case_study.toml")
+    c = sim_config(case.sim, duration_s=300.0, cache_blocks=50_000, cache_rule=rule, threshold=12_000)
+    c = dataclasses.replace(c, prefix=dataclasses.replace(c.prefix, hit_rate=0.8, cached_fraction=0.6, groups=4))
+    sim = build(case, c)
+    sim.run()
+    return sim
+
+
+def test_the_simulator_loads_credited_prefixes_before_computing_the_increment():
+    """The simulator's prefills share one store: under "abundant" a local prefill credited a prefix PrfaaS
+    computed first loads it (fetch_s of the decision, charged before its increment); under "scarce" nothing
+    is loaded and each cluster computes what its own cache lacks."""
+    scarce, abundant = _sim("scarce"), _sim("abundant")
+    assert not any(r.fetch_s for r in scarce.reqs)
+    moved = [r for r in abundant.reqs if r.fetch_s > 0]
+    assert moved and all(r.prefill_end - r.prefill_start > r.fetch_s for r in moved if r.prefill_end == r.prefill_end)
+    computed = lambda sim: sum(r.incremental for r in sim.reqs)  # noqa: E731
+    assert computed(abundant) < computed(scarce)
