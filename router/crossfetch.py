@@ -97,7 +97,7 @@ def credit(inp: RouteInput, params: "PolicyParams", cost: ModelCost) -> tuple[Ro
         f = priced.get(v.name)
         if f is None or not credited(params.cache_rule, f):
             return v
-        return dataclasses.replace(v, cached_prefix=v.cached_prefix + f.tokens)
+        return dataclasses.replace(v, cached_prefix=v.cached_prefix + f.tokens, fetch_s=f.fetch_s)
 
     return dataclasses.replace(inp, instances=tuple(view(v) for v in inp.instances)), priced
 

@@ -198,9 +198,10 @@ class BandwidthAwarePolicy(ThresholdPolicy):
 
     Estimated seconds from now until decode can start, on the instance each pool would pick::
 
-        local  = wait(l) + prefill_local(L - cached_l)
-        remote = max(wait(r) + prefill_remote(L - cached_r) + tail_s, link_s) + queue_delay
+        local  = wait(l) + fetch(l) + prefill_local(L - cached_l)
+        remote = max(wait(r) + fetch(r) + prefill_remote(L - cached_r) + tail_s, link_s) + queue_delay
         wait(i) = a * i.inflight + b * i.queued_tokens      (a, b of that pool's prefill fit)
+        fetch(i) = seconds loading the prefix credited from the shared store (router/crossfetch.py)
         link_s  = (max(0, in_flight + queued - drain * wait(r)) + own KV bytes) * 8 / drain
         tail_s  = own bytes that leave after the last forward (cost.Streaming) * 8 / drain
 
@@ -242,14 +243,14 @@ class BandwidthAwarePolicy(ThresholdPolicy):
         c, link = self.cost, inp.link
         wait_r = c.wait_s_remote(remote.inflight, remote.queued_tokens)
         ahead = max(0.0, link.bytes_in_flight + link.bytes_queued - link.drain_bps() / 8 * wait_r)
-        compute_s = wait_r + c.prefill_s_remote(inp.prompt_len - remote.cached_prefix)
+        compute_s = wait_r + remote.fetch_s + c.prefill_s_remote(inp.prompt_len - remote.cached_prefix)
         return compute_s, link.transfer_s(ahead + req_bytes), link.transfer_s(ahead)
 
     def ready_s(self, inp: RouteInput, local: InstanceView, remote: InstanceView,
                 req_bytes: float) -> tuple[float, float]:
         """(local, remote) estimated seconds until this request's KV is ready for decode."""
         wait_l = self.cost.wait_s_local(local.inflight, local.queued_tokens)
-        local_s = wait_l + self.cost.prefill_s_local(inp.prompt_len - local.cached_prefix)
+        local_s = wait_l + local.fetch_s + self.cost.prefill_s_local(inp.prompt_len - local.cached_prefix)
         compute_s, link_s, _ = self.remote_parts(inp, remote, req_bytes)
         tail_s = inp.link.transfer_s(self.cost.tail_bytes(inp.prompt_len - remote.cached_prefix))
         return local_s, kv_ready_s(compute_s, link_s, tail_s) + inp.link.queue_delay_s

@@ -22,6 +22,7 @@ class InstanceView:
     queued_tokens: int  # uncached prompt tokens waiting/running there (/v1/loads + router in-flight)
     inflight: int  # requests in flight from this router
     cached_prefix: int  # tokens of THIS request's prompt already cached there (block-aligned)
+    fetch_s: float = 0.0  # seconds it first spends loading the part of cached_prefix credited from the store
 
 
 @dataclass(frozen=True, slots=True)

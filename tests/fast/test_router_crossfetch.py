@@ -166,3 +166,13 @@ def test_the_simulator_loads_credited_prefixes_before_computing_the_increment():
     assert moved and all(r.prefill_end - r.prefill_start > r.fetch_s for r in moved if r.prefill_end == r.prefill_end)
     computed = lambda sim: sum(r.incremental for r in sim.reqs)  # noqa: E731
     assert computed(abundant) < computed(scarce)
+
+
+def test_the_bandwidth_aware_estimate_counts_the_load_itself():
+    """A credited prefix is not free: at a 10 Mbit/s store the 9 MB load takes 7.2 s, so the local route is
+    ready in ~7.3 s, not 0.1 s, and the busy PrfaaS (20,000 queued tokens: ~1.05 s) takes the request.
+    Without the load's time the local route looked 0.1 s away and kept it."""
+    d = decide("abundant", "bandwidth_aware", insts=views(r_queued=20_000), fetch_gbps=0.01)
+    assert (d.route, d.prefill, d.reason, d.incremental_len) == ("prfaas", "r0", "local_slower", PROMPT - STORED)
+    d = decide("abundant", "bandwidth_aware", insts=views(r_queued=20_000), fetch_gbps=100.0)
+    assert (d.route, d.prefill, d.reason, d.fetch) == ("local", "l0", "short", "fetch")
