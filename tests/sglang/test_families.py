@@ -4,7 +4,9 @@ greedy == HF transformers greedy; PD over prfaas_zmq (chunked prefill 512 < the 
 colocated; the bytes the prefill's transport acknowledged == router/kv_accounting.py within 1% — MLA moves
 one latent buffer per layer, SWA layers only the window's pages; and `--radix-cache-backend prfaas_hybrid`
 prefix hits == the colocated server, which runs with prefix caching off: colocated, and under PD with the
-pool on the prefill and the decode, for both families (MiMo's PD pair at page size 16, below)."""
+pool on the prefill and the decode, for both families (MiMo's PD pair at page size 16, below). A fifth server,
+a layer-wise prefill (layerwise.py), streams into the same decode, checked against the same colocated server:
+one server start here instead of a farm of three in test_layerwise.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,6 +23,8 @@ from prfaas_sgl.tools.models.tiny import ensure
 from router.kv_accounting import Dtypes, account_path
 
 from .conftest import Farm, spec
+from .layerwise import check_layerwise
+from .layerwise import prefill_spec as layerwise_prefill_spec
 from .pd import generate_body, pd_generate, post
 from .prompt_trees import check_tree, prompt_tree
 from .prompts import prompt_ids
@@ -48,7 +52,7 @@ GRID = 64  # the cache pool server's chunk: KDA states are checkpointed at chunk
 
 
 def _specs(log_dir: Path, model: str) -> dict:
-    stats = free_port()
+    stats, lw_stats = free_port(), free_port()
     zmq = ("--prfaas-zmq-timeout-s", "120", "--prfaas-zmq-chunk-bytes", "65536")
     page = dict(page_size=PAGE[model])
     slots = dict(max_mamba_slots=24) if model == KIMI else {}
@@ -68,17 +72,21 @@ def _specs(log_dir: Path, model: str) -> dict:
                        extra_args=zmq + pd_pool[0] + ("--disaggregation-decode-enable-radix-cache",)),
         "pool": spec(log_dir, f"{model}_cachepool", model, **pool, env=CHECK,
                      extra_args=("--radix-cache-backend", "prfaas_hybrid", "--enable-cache-report")),
-        "stats_url": f"http://127.0.0.1:{stats}/stats",
+        # a prefill of its own (no pool): on "prefill" layer-wise would take the 1,600-token prompts, which
+        # keep the chunk path there
+        "lw_prefill": layerwise_prefill_spec(log_dir, f"{model}_lw_prefill", model, PAGE[model], lw_stats),
+        "stats_urls": {role: f"http://127.0.0.1:{port}/stats" for role, port in (("prefill", stats),
+                                                                                  ("lw_prefill", lw_stats))},
     }
 
 
 @pytest.fixture(scope="module", params=[KIMI, MIMO])
 def family(request, log_dir):
     specs = _specs(log_dir, request.param)
-    stats_url = specs.pop("stats_url")
+    stats_urls = specs.pop("stats_urls")
     farm = Farm(specs).start()
     try:
-        yield request.param, str(ensure(request.param)), farm, stats_url
+        yield request.param, str(ensure(request.param)), farm, stats_urls
     finally:
         farm.stop()
 
@@ -111,7 +119,8 @@ def test_colocated_matches_hf(family, length):
 
 @pytest.mark.parametrize("length", LENGTHS)
 def test_pd_matches_colocated_and_wire_bytes_match_accounting(family, length):
-    name, path, farm, stats_url = family
+    name, path, farm, stats_urls = family
+    stats_url = stats_urls["prefill"]
     ids = prompt_ids(path, length, seed=length)
     body = generate_body(ids, NEW)
     colocated = post(farm["colocated"].url + "/generate", body)["output_ids"]
@@ -127,6 +136,14 @@ def test_pd_matches_colocated_and_wire_bytes_match_accounting(family, length):
         assert moved < every_page * 0.5, (moved, every_page)
         print(f"{name} {length} tokens: {moved} B moved, {every_page} B with every SWA page "
               f"({every_page / moved:.2f}x)")
+
+
+def test_layerwise_pd_matches_colocated_and_streams_only_long_prompts(family):
+    """Layer-wise prefill (chunk 192) -> the family decode (pool on; these prompts hit nothing there), greedy
+    tokens == the colocated server (chunk 512: the pool server's hits already match it across chunk sizes)."""
+    name, path, farm, stats_urls = family
+    check_layerwise(name, path, farm["lw_prefill"], farm["decode"], farm["colocated"], stats_urls["lw_prefill"],
+                    PAGE[name])
 
 
 def test_kv_buffers_per_layer(family):
