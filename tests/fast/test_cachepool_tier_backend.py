@@ -86,9 +86,10 @@ def _evict_all(cache):
     assert not cache.mirror.kv_of and not cache.mirror.state_of
 
 
-@pytest.mark.parametrize("tiers", [dict(tier_host_bytes=1 << 20), dict(tier_storage="file")], ids=["host", "file"])
-def test_an_evicted_prefix_is_loaded_back_byte_exact(tmp_path, tiers):
-    cache, mamba, kv, kvcache = _cache(tmp_path, **tiers)
+@pytest.mark.parametrize("tiers, mode", [(dict(tier_host_bytes=1 << 20), "null"), (dict(tier_storage="file"), "null"),
+                                         (dict(tier_host_bytes=1 << 20), "prefill")], ids=["host", "file", "pd_prefill"])
+def test_an_evicted_prefix_is_loaded_back_byte_exact(tmp_path, tiers, mode):
+    cache, mamba, kv, kvcache = _cache(tmp_path, mode=mode, **tiers)
     states, kv_bytes = _compute(cache, mamba, kv, kvcache, PROMPT, seed=1)
     _evict_all(cache)
     assert cache.tiers.stack.stats.put == 4  # 2 KV blocks + 2 state checkpoints
@@ -140,10 +141,9 @@ def test_without_tier_flags_the_cache_has_no_tiers(tmp_path):
     assert _cache(tmp_path)[0].tiers is None
 
 
-@pytest.mark.parametrize("mode", ["prefill", "decode"])
-def test_tier_flags_on_a_pd_server_are_refused_with_a_message(tmp_path, mode):
-    with pytest.raises(ValueError, match="colocated linear-attention hybrid models only"):
-        _cache(tmp_path, mode=mode, tier_host_bytes=1 << 20)
+def test_tier_flags_on_a_pd_decode_server_are_refused_with_a_message(tmp_path):
+    with pytest.raises(ValueError, match="colocated and PD prefill servers"):
+        _cache(tmp_path, mode="decode", tier_host_bytes=1 << 20)
 
 
 def test_a_storage_tier_that_cannot_start_leaves_the_server_serving(tmp_path):

@@ -31,6 +31,7 @@ from prfaas_sgl.cachepool.tiers.plan import extension
 
 from .mirror import FULL, LINEAR, Insert
 from .tier_io import PoolBytes
+from .tier_metrics import TierMetrics, exported
 from .tier_storage import build_storage
 
 log = logging.getLogger(__name__)
@@ -49,9 +50,11 @@ def attach(cache, ctx, mode: str):
         return cache
     from .linear import LinearStateCache
 
-    if not isinstance(cache, LinearStateCache) or mode != "null":
-        raise ValueError("--prfaas-tier-*: the host and storage tiers serve colocated linear-attention hybrid "
-                         f"models only for now (this server: {type(cache).__name__}, mode {mode})")
+    # a PD prefill loads a hit into slots its request then owns: prfaas_zmq sends the KV of the request's
+    # slots and its own state after the forward, whether the prefix came from the device or a tier
+    if not isinstance(cache, LinearStateCache) or mode not in ("null", "prefill"):
+        raise ValueError("--prfaas-tier-*: the host and storage tiers serve colocated and PD prefill servers of "
+                         f"linear-attention hybrid models only (this server: {type(cache).__name__}, mode {mode})")
     io = PoolBytes(cache.token_to_kv_pool_allocator.get_kvcache(), cache.req_to_token_pool.mamba_pool, cache.bs)
     fp = Fingerprint(f"{ctx.server_args.model_path}|tp{ctx.tp_rank}/{ctx.tp_size}|{io.layout()}"
                      f"|seed={cache.pool.cfg.hash_seed}")
@@ -62,6 +65,8 @@ def attach(cache, ctx, mode: str):
         return cache
     publish = PUBLISH_QUEUE_BYTES if cfg.tier_publish and storage is not None else 0
     cache.tiers = Tiers(cache, TierStack(fp, host, storage, key=key, publish_queue_bytes=publish), io)
+    if exported():
+        cache.tiers.metrics = TierMetrics(cache.tiers.stack.counters, {"tp_rank": str(ctx.tp_rank)}).start()
     log.info("prfaas_hybrid tiers: host %d bytes, storage %s%s, entries %s; entries: KV %d bytes, state %d bytes",
              cfg.tier_host_bytes, cfg.tier_storage if storage is not None else "none",
              " (write-through)" if publish else "", "signed (HMAC-SHA256)" if key else "unsigned",
@@ -99,6 +104,7 @@ class Tiers:
         self.loaded_blocks = self.loaded_states = 0
         self._stored: list[tuple[int, int]] = []  # (group, hash) indexed since the last publish_stored()
         self._loading = False  # what a load indexes came from the tiers: not published again
+        self.metrics = None  # TierMetrics when the server exports /metrics
 
     # -- demotion and write-through ------------------------------------------------------------
     def demote(self, events: list) -> None:
