@@ -1,8 +1,10 @@
 """Linear-attention (Gated DeltaNet, KDA, Lightning, Mamba) manager: a fixed-size state per request.
 
 A state summarises ALL tokens before it, so a cached state is reusable only at exactly its own
-length. States are checkpointed every `checkpoint_interval` tokens (a multiple of block_size) and
-one state is split over `state_blocks` whole pool blocks (the last one padded).
+length. States are checkpointed every `checkpoint_interval` tokens (a multiple of block_size; 0: no
+grid) and, where the caller holds the request's state at the end of a grow (a chunk end, the end of a
+prompt or of a finished request), there too (`mark_state`). One state is split over `state_blocks`
+whole pool blocks (the last one padded).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from .specs import GroupSpec, PoolLayoutError, PoolShape
 
 
 class LinearRequestState:
-    __slots__ = ("working", "restore", "pending", "planned", "committed")
+    __slots__ = ("working", "restore", "pending", "planned", "committed", "asked")
 
     def __init__(self) -> None:
         self.working: list[int] = []  # the request's own state, updated in place by the model
@@ -22,6 +24,7 @@ class LinearRequestState:
         self.pending: dict[int, list[int]] = {}  # boundary (blocks) -> blocks awaiting the state
         self.planned = 0  # checkpoints for boundaries <= planned (blocks) are allocated or cached
         self.committed = 0  # boundaries <= committed (blocks) were offered to the index
+        self.asked = 0  # a boundary (blocks) off the grid the next grow checkpoints too; 0: none
 
 
 class LinearStateManager(GroupManager):
@@ -42,21 +45,25 @@ class LinearStateManager(GroupManager):
         if spec.state_bytes <= 0:
             raise PoolLayoutError(f"group {spec.name!r} (linear): set state_bytes > 0")
         c, bs = spec.checkpoint_interval, cfg.block_size
-        if c <= 0 or c % bs:
+        if c < 0 or c % bs:
             raise PoolLayoutError(
-                f"group {spec.name!r} (linear): checkpoint_interval={c} tokens is not a positive "
-                f"multiple of block_size={bs}; a state is only reusable at a block boundary, so use "
-                f"a multiple of {bs}")
+                f"group {spec.name!r} (linear): checkpoint_interval={c} tokens is not a multiple of "
+                f"block_size={bs}; a state is only reusable at a block boundary, so use a multiple of "
+                f"{bs} (or 0: states only where the caller marks one)")
 
     def peak_blocks(self, num_tokens: int) -> int:
-        checkpoints = num_tokens // self.block_size // self.interval_blocks
+        step = self.interval_blocks
+        # working state + the grid's checkpoints; without a grid, one marked checkpoint at a time
+        # (the backend commits each before it marks the next)
+        checkpoints = num_tokens // self.block_size // step if step else 1
         return self.state_blocks * (1 + checkpoints)
 
     def longest_hit(self, hashes: list[int], max_blocks: int) -> int:
-        """Largest boundary k <= max_blocks on the checkpoint grid whose state is cached; 0 = the
-        initial (zero) state, always available."""
-        step, index = self.interval_blocks, self.index
-        for k in range(max_blocks - max_blocks % step, 0, -step):
+        """Largest boundary k <= max_blocks whose state is cached; 0 = the initial (zero) state,
+        always available. Marked states lie anywhere, so every block boundary is a candidate: the
+        scan runs from the full-attention hit down to the nearest state (a dict lookup per block)."""
+        index = self.index
+        for k in range(max_blocks, 0, -1):
             if hashes[k - 1] in index:
                 return k
         return 0
@@ -70,11 +77,24 @@ class LinearStateManager(GroupManager):
             st.restore = self.index[hashes[k - 1]]
             self.pool.incref(st.restore)
 
-    def _boundaries(self, st: LinearRequestState, num_tokens: int) -> range:
-        """Checkpoint boundaries (blocks) in (planned, num_tokens // bs] on the grid."""
-        step = self.interval_blocks
-        first = (st.planned // step + 1) * step
-        return range(first, num_tokens // self.block_size + 1, step)
+    def mark_state(self, st: LinearRequestState, num_tokens: int) -> None:
+        """The caller will hold the request's state at exactly num_tokens (a multiple of block_size)
+        when the next grow's tokens are computed: checkpoint it there too. 0 clears the mark."""
+        st.asked = num_tokens // self.block_size
+
+    def _boundaries(self, st: LinearRequestState, num_tokens: int) -> list[int]:
+        """Checkpoint boundaries (blocks) in (planned, num_tokens // bs]: on the grid, and the marked
+        one.
+
+            grid     |-------c-------|-------c-------|
+            grow     planned ............ asked = n          -> [c, n] (n off the grid)
+        """
+        step, n = self.interval_blocks, num_tokens // self.block_size
+        out = list(range((st.planned // step + 1) * step, n + 1, step)) if step else []
+        if st.planned < st.asked <= n and not (step and st.asked % step == 0):
+            out.append(st.asked)
+            out.sort()
+        return out
 
     def blocks_to_grow(self, st: LinearRequestState, num_tokens: int) -> int:
         working = 0 if st.working else self.state_blocks
@@ -89,6 +109,7 @@ class LinearStateManager(GroupManager):
             writes.append((b * self.block_size, tuple(blocks[pos:pos + s])))
             pos += s
             st.planned = b
+        st.asked = 0
         return StateAllocation(self.name, tuple(st.working), tuple(st.restore), tuple(writes))
 
     def commit(self, st: LinearRequestState, hashes: list[int], token_ids: list[int],

@@ -58,6 +58,10 @@ class GroupManager(ABC):
     def acquire_hit(self, st: Any, hashes: list[int], k: int) -> None:
         """Reference the cached entries a hit of k blocks needs (k came from longest_hit)."""
 
+    def mark_state(self, st: Any, num_tokens: int) -> None:
+        """The caller holds the request's state at num_tokens once the next grow is computed (linear
+        kinds checkpoint it there; others keep no state). 0 clears the mark."""
+
     @abstractmethod
     def blocks_to_grow(self, st: Any, num_tokens: int) -> int:
         """New blocks needed so the request covers tokens [0, num_tokens)."""

@@ -4,6 +4,8 @@ Request lifecycle (the scheduler's thread only):
     admit(req, tokens, num_tokens)  -> Allocation   match the longest hybrid hit, reference it, add
                                                     blocks for tokens [0, num_tokens)
     grow(req, num_tokens, tokens)   -> Allocation   next prefill chunk or decode tokens
+        state_at_end=True on either: the caller will hold the request's linear state at exactly
+        num_tokens, so it is checkpointed there too (off the grid: a prompt's end, a branch point)
     commit(req, num_computed)                       tokens [0, num_computed) are in the blocks:
                                                     cache full blocks / due checkpoints
     free(req)                                       request done, or its transfer completed
@@ -70,13 +72,15 @@ class HybridCachePool:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def admit(self, req_id: str, token_ids: Sequence[int], num_tokens: Optional[int] = None,
-              transfer: bool = False, hashes: Optional[list[int]] = None) -> Allocation:
+              transfer: bool = False, hashes: Optional[list[int]] = None,
+              state_at_end: bool = False) -> Allocation:
         """Match, reference the hit, and allocate for tokens [0, num_tokens) (default: all).
 
         transfer: the prefill's KV goes to another cluster; its uncached blocks are transfer-cache
         blocks, released by free() once the transfer completes.
         hashes: self.hashes(token_ids) if the caller already has them; the pool then keeps both
         token_ids and hashes without copying.
+        state_at_end: checkpoint linear states at num_tokens (a multiple of block_size) too.
         Raises RequestTooLongError (never fits; nothing changed), PoolExhaustedError (retry later;
         nothing changed except the hit's LRU recency), ValueError (duplicate id).
         """
@@ -92,7 +96,7 @@ class HybridCachePool:
             m.acquire_hit(st, hashes, k)
         req.num_tokens = k * self.cfg.block_size
         try:
-            alloc = self._grow(req, len(token_ids) if num_tokens is None else num_tokens, k)
+            alloc = self._grow(req, len(token_ids) if num_tokens is None else num_tokens, k, state_at_end)
         except PoolExhaustedError:
             self._release(req)
             raise
@@ -114,11 +118,12 @@ class HybridCachePool:
         return k
 
     def grow(self, req_id: str, num_tokens: int, token_ids: Optional[Sequence[int]] = None,
-             hashes: Optional[list[int]] = None) -> Allocation:
+             hashes: Optional[list[int]] = None, state_at_end: bool = False) -> Allocation:
         """Cover tokens [0, num_tokens). token_ids: the request's full token list if it grew
         (decode); only blocks not hashed yet are hashed, chained from the last known hash.
         hashes: block_hashes(token_ids) if the caller keeps them incrementally; the pool then keeps
         both lists without copying, and the caller may only append to them.
+        state_at_end: checkpoint linear states at num_tokens (a multiple of block_size) too.
         Raises PoolExhaustedError with nothing changed (the lists are the same tokens either way)."""
         req = self._reqs[req_id]
         if token_ids is not None and hashes is not None:
@@ -126,12 +131,17 @@ class HybridCachePool:
         elif token_ids is not None and len(token_ids) > len(req.token_ids):
             req.token_ids = list(token_ids)
             extend_hashes(req.hashes, req.token_ids, self.cfg.block_size, self.cfg.hash_seed)
-        return self._grow(req, num_tokens, None)
+        return self._grow(req, num_tokens, None, state_at_end)
 
-    def _grow(self, req: _Request, num_tokens: int, hit_blocks: Optional[int]) -> Allocation:
+    def _grow(self, req: _Request, num_tokens: int, hit_blocks: Optional[int], state_at_end: bool) -> Allocation:
         if num_tokens > len(req.token_ids):
             raise ValueError(f"num_tokens={num_tokens} > {len(req.token_ids)} known tokens of "
                              f"{req.req_id!r}; pass token_ids to grow()")
+        if state_at_end and num_tokens % self.cfg.block_size:
+            raise ValueError(f"state_at_end at {num_tokens} tokens: not a multiple of block_size="
+                             f"{self.cfg.block_size} (a state is reusable only at a block boundary)")
+        for m, st in zip(self.managers, req.states):  # set or cleared on every grow: a refused
+            m.mark_state(st, num_tokens if state_at_end else 0)  # grow leaves no mark behind
         needs = [m.blocks_to_grow(st, num_tokens) for m, st in zip(self.managers, req.states)]
         fresh = self.blocks.take(sum(needs))  # all or nothing
         out, pos = [], 0

@@ -94,7 +94,7 @@ def test_a_lock_on_a_match_takes_no_pool_blocks():
     own, with a working-state block and a block for one token past the match."""
     cache = backend.build(_ctx("null", chunk=64))
     tokens = list(range(100))
-    cache.pool.admit("r", tokens, num_tokens=64)
+    cache.pool.admit("r", tokens, num_tokens=64, state_at_end=True)
     cache.pool.commit("r", 64)
     (h,) = cache.pool.hashes(tokens[:64])
     cache.mirror.apply(cache.pool.drain_events(), Insert(torch.arange(1000, 1064), {h: 0}, h, torch.tensor([5])))

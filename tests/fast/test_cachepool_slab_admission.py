@@ -41,6 +41,8 @@ def _admit(cache, tok, waiting: list[Req], chunk: int | None = None) -> list[Req
     """One scheduler pass: SGLang's PrefillAdder over `waiting`, as get_new_batch_prefill runs it."""
     adder = PrefillAdder(1, cache, tok, None, 1.0, 1 << 20, chunk)
     for req in waiting:
+        if len(adder.can_run_list) >= cache.req_to_token_pool.available_size():
+            break  # the scheduler's row cap (get_num_allocatable_reqs), checked before each candidate
         req.init_next_round_input(cache)
         if adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None) != AddReqResult.CONTINUE:
             break

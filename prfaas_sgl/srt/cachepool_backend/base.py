@@ -14,7 +14,7 @@ match handle is a pool request of its own over the matched tokens.
 
 A kind (linear.py, sliding.py, decode_kv.py) adds its pool group and answers the few questions that
 differ: what a hit needs besides KV (`_matched`), what a checkpoint offers besides KV blocks
-(`_stage`), how far it may commit (`_commit_point`), what a row release frees besides KV
+(`_state_at`: a state at its end; `_stage`: window pages), what a row release frees besides KV
 (`_free_windows`), which group to evict first (`_evict_group`), and its own size counters.
 """
 from __future__ import annotations
@@ -57,16 +57,13 @@ class Node:
 class Entry:
     """One running request's pool request and what its checkpoints handed the tree."""
 
-    __slots__ = ("pool_id", "start", "stored", "first_gap", "checked", "offered")
+    __slots__ = ("pool_id", "start", "stored", "offered")
 
     def __init__(self, pool_id: str) -> None:
         self.pool_id = pool_id
         self.start = 0  # the pool's hit at admission: checkpoints are planned past it only
         self.stored: dict[int, int] = {}  # block position -> hash, for blocks whose KV slots the tree owns now
         self.offered = 0  # blocks [0, offered) were committed to the pool (it stores no more there)
-        # state checkpoints only (linear.py): grid boundaries
-        self.first_gap = 0  # first grid boundary with no state: nothing at or past it is committed
-        self.checked = 0  # grid boundaries <= checked (tokens) had a state and were committed
 
 
 class PrfaasHybridCache(BasePrefixCache):
@@ -165,15 +162,21 @@ class PrfaasHybridCache(BasePrefixCache):
         node = Node(seen.tokens[:k * self.bs], tuple(seen.hashes[:k]))
         if self.tiers is not None:  # past the device hit, from the lower tiers (loaded back now)
             node = self.tiers.extend(params, node, ids)
-        return self._result(self._matched(params, node))
+        node = self._matched(params, node)
+        return self._result(node, self._branch_point(params, seen.hashes, len(ids), node))
 
     def _matched(self, params: MatchPrefixParams, node: Node) -> Node:
         """The hit this kind serves for the pool's KV match `node` (here: all of it)."""
         return node
 
-    def _result(self, node: Node) -> MatchResult:
+    def _branch_point(self, params: MatchPrefixParams, hashes: list[int], num_tokens: int, node: Node) -> int | None:
+        """Tokens of cached KV past the hit `node` ends at, where a state would lengthen the next
+        hit (SGLang's mamba_branching_seqlen); None here (KV alone makes a hit)."""
+        return None
+
+    def _result(self, node: Node, branch: int | None = None) -> MatchResult:
         return MatchResult(device_prefix_len=len(node.tokens), last_device_node=node,
-                           last_host_node=node, best_match_node=node)
+                           last_host_node=node, best_match_node=node, mamba_branching_seqlen=branch)
 
     def inc_lock_ref(self, node: Node) -> IncLockRefResult:
         if not node.hashes:
@@ -216,34 +219,49 @@ class PrfaasHybridCache(BasePrefixCache):
         if n == 0:
             return
         seen = self.memo.get(req.rid, ids, blocks=n)
-        ent = self._reqs.get(req.kv.req_pool_idx)
-        if ent is None:
-            ent = self._reqs[req.kv.req_pool_idx] = Entry(f"req:{next(self._ids)}")
-            # one token past `length`, so the pool may count all of it as a hit (a lock's blocks)
-            ent.start = self.pool.admit(ent.pool_id, seen.tokens[:length] + _ONE_TOKEN, num_tokens=length,
-                                        hashes=seen.hashes[:n], transfer=self.cfg.role == "prefill").num_cached_tokens
-            ent.offered = ent.start // self.bs
-        else:
-            self.pool.grow(ent.pool_id, length, seen.tokens, seen.hashes)
-        self._drain()
         hashes = seen.hashes
+        mark, state = self._state_at(req, hashes[n - 1], length, up_to)
+        try:
+            ent = self._grow(req, seen, n, mark)
+        except BaseException:
+            if state is not None:
+                self._free_state(state)
+            raise
+        self._drain()
         insert = Insert(self.req_to_token_pool.req_to_token[req.kv.req_pool_idx],
-                        {hashes[i]: i for i in range(ent.offered, n)})
+                        {hashes[i]: i for i in range(ent.offered, n)},
+                        hashes[n - 1] if state is not None else None, state)
         self._stage(req, insert, hashes[n - 1], length, up_to)
-        point = self._commit_point(ent, hashes, length, insert)
-        self.pool.commit(ent.pool_id, point)
+        self.pool.commit(ent.pool_id, length)
         self._drain(insert)
-        ent.offered = max(ent.offered, point // self.bs)
+        ent.offered = max(ent.offered, n)
         ent.stored.update((i, hashes[i]) for i in insert.stored_blocks)
         if insert.state is not None:  # not indexed (no boundary planned, or the pool had it)
             self._free_state(insert.state)
 
-    def _stage(self, req, insert: Insert, last_hash: int, length: int, up_to: int) -> None:
-        """Add to `insert` what this kind offers besides the KV blocks of [0, length) (here: nothing)."""
+    def _grow(self, req, seen, n: int, mark: bool) -> Entry:
+        """The request's pool request covering blocks [0, n): admitted at its first checkpoint."""
+        length, hashes = n * self.bs, seen.hashes
+        ent = self._reqs.get(req.kv.req_pool_idx)
+        if ent is not None:
+            self.pool.grow(ent.pool_id, length, seen.tokens, hashes, state_at_end=mark)
+            return ent
+        ent = self._reqs[req.kv.req_pool_idx] = Entry(f"req:{next(self._ids)}")
+        # one token past `length`, so the pool may count all of it as a hit (a lock's blocks)
+        ent.start = self.pool.admit(ent.pool_id, seen.tokens[:length] + _ONE_TOKEN, num_tokens=length,
+                                    hashes=hashes[:n], transfer=self.cfg.role == "prefill",
+                                    state_at_end=mark).num_cached_tokens
+        ent.offered = ent.start // self.bs
+        return ent
 
-    def _commit_point(self, ent: Entry, hashes: list[int], length: int, insert: Insert) -> int:
-        """Tokens of [0, length) to commit (here: all)."""
-        return length
+    def _state_at(self, req, last_hash: int, length: int, up_to: int) -> tuple[bool, object]:
+        """(mark, state): whether the pool checkpoints a state at `length` (the kind will hold one
+        there), and a fresh slot holding it if the pool has none yet (here: no states)."""
+        return False, None
+
+    def _stage(self, req, insert: Insert, last_hash: int, length: int, up_to: int) -> None:
+        """Add to `insert` what this kind offers besides the KV blocks of [0, length) and its state
+        (here: nothing)."""
 
     def free_kv_row(self, kv, ranges: list[tuple[int, int]]) -> None:
         """Free row ranges except the blocks this request handed to the tree; the pieces left go

@@ -8,9 +8,13 @@ recurrent one), so the family's shapes never reach this module: GDN's conv (dim,
 
 A checkpoint copies the request's slot into a fresh slot (as SGLang's MambaComponent does for
 no_buffer); a hit sets `mamba_cow_src_index`, and the scheduler copies it into the request's slot
-before the forward. A hit ends at a block whose state the pool holds, so the pool's linear group
-plans a state checkpoint every `checkpoint_interval` tokens (the chunk size: SGLang holds a state at
-chunk ends only).
+before the forward. A hit ends at a block whose state the pool holds. SGLang's no_buffer strategy
+holds a request's state at each chunk end, at its prompt's end and when it finishes, and calls
+checkpoint() at each: every one that lands on a block boundary is cached (`_state_at`), as SGLang's
+tree keeps each. Where the KV of a match reaches past its state (a shared prefix that ends inside
+a chunk), the match reports that branch point (SGLang's mamba_branching_seqlen) and the unified
+slab's admission ends the request's first chunk there (slab_admission.py), so the next request
+sharing the prefix hits all of it.
 """
 from __future__ import annotations
 
@@ -19,8 +23,8 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParam
 from prfaas_sgl.cachepool import GroupSpec
 
 from . import config as backend_config
-from .base import Entry, Node, PrfaasHybridCache
-from .mirror import LINEAR, Insert
+from .base import Node, PrfaasHybridCache
+from .mirror import LINEAR
 
 
 class LinearStateCache(PrfaasHybridCache):
@@ -39,8 +43,8 @@ class LinearStateCache(PrfaasHybridCache):
                                           p.req_to_token_pool.mamba_pool.size, block_size=block, role=mode)
 
     def _groups(self) -> tuple[GroupSpec, ...]:
-        return super()._groups() + (GroupSpec(LINEAR, "linear", 1, state_bytes=self.bs,  # one block per state
-                                              checkpoint_interval=self.cfg.checkpoint_interval),)
+        # one block per state; no grid: a state is checkpointed where SGLang holds one (_state_at)
+        return super()._groups() + (GroupSpec(LINEAR, "linear", 1, state_bytes=self.bs, checkpoint_interval=0),)
 
     # -- match ----------------------------------------------------------------------------------
     def _matched(self, params: MatchPrefixParams, node: Node) -> Node:
@@ -56,6 +60,23 @@ class LinearStateCache(PrfaasHybridCache):
             req.kv.mamba_cow_src_index = None  # an earlier match staged a copy this miss must not run
             req.kv.mamba_needs_clear = True
         return node
+
+    def _branch_point(self, params: MatchPrefixParams, hashes: list[int], num_tokens: int, node: Node) -> int | None:
+        """The end of the KV this match could reuse past its state, when it is past the hit: a
+        request sharing a prefix that ends inside a chunk. The slab's admission ends the request's
+        first chunk there, so its state is checkpointed where the next one branches off.
+
+            cached   [ KV ...................................)   j blocks in the KV index
+            states   [.......... k)                             k = len(node.hashes)
+            request  [hit ...... k)[first chunk ..... j)[rest ...)
+        Only blocks past the hit are looked up (at most a chunk's worth: states lie at chunk ends)."""
+        req, k = params.req, len(node.hashes)
+        limit = min(len(hashes), max(0, num_tokens - 1) // self.bs)
+        j, kv_of = k, self.mirror.kv_of
+        while j < limit and hashes[j] in kv_of:
+            j += 1
+        self.last_matched_branch = j * self.bs if j > k and req is not None and params.cow_mamba else None
+        return self.last_matched_branch
 
     def _cow(self, req, node: Node) -> bool:
         """Stage the copy of the checkpoint at the match end into the request's state slot."""
@@ -81,12 +102,21 @@ class LinearStateCache(PrfaasHybridCache):
         return slot
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def _stage(self, req, insert: Insert, last_hash: int, length: int, up_to: int) -> None:
-        """The request's state, if up_to is a checkpoint boundary (its slot holds exactly that state)
-        the pool has no state for yet."""
-        on_grid = length == up_to and up_to % self.cfg.checkpoint_interval == 0
-        if on_grid and last_hash not in self.mirror.state_of:
-            insert.state_hash, insert.state = last_hash, self._snapshot(req)
+    def _state_at(self, req, last_hash: int, length: int, up_to: int) -> tuple[bool, object]:
+        """A state wherever the request's slot holds one on a block boundary: SGLang checkpoints at
+        every chunk end, at the end of the prompt and when the request finishes, and its slot then
+        holds the state of exactly `up_to` tokens. Off a block boundary (up_to > length) no block
+        can name it. A copy is taken only if the pool has none at that hash (the mark then only
+        refreshes the cached one's recency); no slot to copy into: no mark.
+
+            tokens  [0 ........ length)[.. up_to)      up_to == length: a state at length
+        """
+        if up_to != length or not _state_is_up_to(req, up_to):
+            return False, None
+        if last_hash in self.mirror.state_of:
+            return True, None
+        state = self._snapshot(req)
+        return state is not None, state
 
     def _snapshot(self, req):
         """Copy the request's state into a fresh slot; None if no slot can be freed."""
@@ -97,26 +127,13 @@ class LinearStateCache(PrfaasHybridCache):
             pool.mamba_pool.copy_from(src, pool.translate_mamba_indices(slot))
         return slot
 
-    def _commit_point(self, ent: Entry, hashes: list[int], length: int, insert: Insert) -> int:
-        """Tokens to commit. The pool plans a checkpoint at every grid boundary a request crosses,
-        but SGLang holds a state only at chunk ends: commit stops before the first boundary with
-        neither a state from this checkpoint nor an indexed one (it would index a wrong state).
-        Boundaries up to ent.checked were committed by an earlier call, so each is checked once.
-
-            grid   |----c----|----c----|----c----|
-            chunks [  chunk  )[ short )[  chunk   )   <- the second boundary has no state: stop
-        """
-        c, bs = self.cfg.checkpoint_interval, self.bs
-        if not ent.first_gap:
-            for b in range((max(ent.start, ent.checked) // c + 1) * c, length + 1, c):
-                h = hashes[b // bs - 1]
-                if not (h in self.mirror.state_of or (h == insert.state_hash and insert.state is not None)):
-                    ent.first_gap = b
-                    break
-            else:
-                ent.checked = max(ent.checked, length)
-        return min(length, ent.first_gap - 1) if ent.first_gap else length
-
     # -- sizes ----------------------------------------------------------------------------------
     def mamba_evictable_size(self) -> int:
         return self.pool.idle_blocks(LINEAR)
+
+
+def _state_is_up_to(req, up_to: int) -> bool:
+    """A finished request may release fewer tokens than its state has seen (SGLang's
+    strip_thinking_cache, a speculative step past the stop); its state then has no block to name."""
+    finished = getattr(req, "finished", None)  # the benchmarks' stand-in requests never finish
+    return finished is None or not finished() or up_to == getattr(req.kv, "kv_committed_len", up_to)

@@ -159,7 +159,7 @@ class Mirror:
                 elif ev.group == SWA:
                     windows.append(h)
                 else:
-                    # the pool only plans checkpoints the backend vouched for (see cache._commit_point)
+                    # the pool only plans states the backend marked and copied (see linear._state_at)
                     assert h == insert.state_hash and insert.state is not None, "checkpoint without a state"
                     self.state_of[h] = insert.state
                     insert.state = None

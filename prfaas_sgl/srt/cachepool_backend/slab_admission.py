@@ -23,6 +23,11 @@ leave. A request that already holds its state (a copy-on-write prefix hit took i
 charged again in tokens; that over-count is why R is 2, not 1: with nothing running, F + idle >= R
 before the match, so the hit still finds the one block it is charged.
 
+The pass also shapes the first chunk of a candidate so that it ends where a state can be cached
+(`_chunk_to_a_state`): at the branch point the match reported, or on a block boundary when the budget
+cuts it short. SGLang's no_buffer strategy holds a state only at chunk ends, and prfaas_hybrid names a
+state by the block it ends on.
+
 The state check itself skips a candidate that holds its state: a waiting request keeps the state its
 hit took while it waits, so a queue of hits can hold every free block, and refusing them all (each
 for want of a block that they themselves hold) stalls the server with nothing running. And when
@@ -76,7 +81,44 @@ class SlabPrefillBudget(PrefillBudget):
         if not self._holds_state() and self.state_room() < 1:
             self._log_refusal()
             return False, None
-        return super().check_prefill(**kwargs)
+        ok, limit = super().check_prefill(**kwargs)
+        if ok and limit is not None:
+            limit = self._chunk_to_a_state(limit, kwargs["input_tokens"], kwargs["extend_input_len"])
+        return ok, limit
+
+    def _chunk_to_a_state(self, limit: int, input_tokens: int, extend: int) -> int:
+        """The chunk limit, so that the candidate's first chunk ends where its state can be cached: at
+        the branch point its match reported (the next request sharing that prefix then hits all of
+        it), else, if the chunk is cut short, on a block boundary (a state between boundaries has no
+        block to name it). A chunk that would be emptied is left alone.
+
+            tokens  [hit ... prefix)[chunk ............ prefix + limit)      cut: the end floors to bs
+                                    [chunk ..... branch)                     branch inside: ends there
+        """
+        prefix, end = input_tokens - extend, input_tokens - extend + limit
+        branch = self._branch_of_candidate(input_tokens)
+        if branch is not None and prefix < branch < min(end, input_tokens):
+            return branch - prefix
+        if end < input_tokens and end // self.bs * self.bs > prefix:
+            return end // self.bs * self.bs - prefix
+        return limit
+
+    def _branch_of_candidate(self, input_tokens: int) -> int | None:
+        """The branch point of the request being priced: the cache's last match (see _holds_state),
+        if it was this request's (same length)."""
+        c = self.tree_cache
+        req = getattr(c, "last_matched_req", None)
+        if req is None or len(req.full_untruncated_fill_ids) != input_tokens:
+            return None
+        return getattr(c, "last_matched_branch", None)
+
+    def available_chunk_tokens(self, chunk_limit: int) -> int | None:
+        """A continuing chunk (it starts on a block boundary: the previous one ended there) ends on
+        one too, unless that leaves it empty."""
+        available = super().available_chunk_tokens(chunk_limit)
+        if available is None or available < self.bs:
+            return available
+        return available // self.bs * self.bs
 
     def _holds_state(self) -> bool:
         """Does the candidate being priced hold its state already (the request the cache matched
