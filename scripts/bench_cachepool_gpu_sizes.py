@@ -106,14 +106,19 @@ class FakeKv:
 
 
 class Ours:
-    def __init__(self, alloc, pool, chunk: int) -> None:
+    def __init__(self, alloc, pool, chunk: int, block: int = 0) -> None:
+        """block: index block tokens (0: what a server without --prfaas-unified-pool picks)."""
         from types import SimpleNamespace as NS
 
         from prfaas_sgl.srt.cachepool_backend import cache as backend
         params = NS(page_size=1, token_to_kv_pool_allocator=alloc, req_to_token_pool=pool)
         ctx = NS(params=params, server_args=NS(chunked_prefill_size=chunk, disaggregation_mode="null"),
                  is_hybrid_ssm=True, is_hybrid_swa=False, enable_hierarchical_cache=False, disable_radix_cache=False)
-        self.cache, self.alloc, self.pool, self.chunk = backend.build(ctx), alloc, pool, chunk
+        cache = backend.build(ctx)
+        if block:
+            from prfaas_sgl.srt.cachepool_backend import config
+            cache = type(cache)(params, config.from_server(chunk, alloc.size, pool.mamba_pool.size, block_size=block))
+        self.cache, self.alloc, self.pool, self.chunk = cache, alloc, pool, chunk
 
     def match(self, ids: array, rid: str, req=None):
         from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
@@ -127,7 +132,8 @@ class Ours:
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams
         c, kv = self.cache, FakeKv()
         req = NS(rid=rid, extra_key=None, cache_salt=None, full_untruncated_fill_ids=ids, kv=kv)
-        node = self.match(ids, rid, req).last_device_node
+        m = self.match(ids, rid, req)
+        node = m.last_device_node
         lock = c.inc_lock_ref(node)
         prefix = c.path_device_indices(node)
         if not kv.holds_mamba:
@@ -137,7 +143,11 @@ class Ours:
             c.evict(EvictParams(num_tokens=need - self.alloc.available_size()))
         self.pool.req_to_token[0, :len(ids)] = __import__("torch").cat([prefix, self.alloc.alloc(need)])
         kv.cache_protected_len = p = len(prefix)
-        for up_to in range(p + self.chunk, len(ids), self.chunk):
+        # the first chunk ends at the branch point the match reported, as --prfaas-unified-pool's
+        # admission cuts it (slab_admission.py); later chunks run on from there
+        branch = getattr(m, "mamba_branching_seqlen", None)
+        first = [branch] if branch is not None and p < branch < len(ids) else []
+        for up_to in first + list(range((first or [p])[0] + self.chunk, len(ids), self.chunk)):
             t0 = NOW()
             c.checkpoint(req, up_to=up_to)
             if times is not None:
@@ -245,7 +255,7 @@ def worker(a) -> dict:
     mamba_slots = max(64, kv_tokens // 4096)
     alloc, pool, sg_cache = peer.build(kv_tokens, mamba_slots, max(a.long_prompt, a.fill_prompt) + 1, in_flight=1)
     kv_free, state_free = Counted(alloc), Counted(pool.mamba_allocator)
-    tree = Sglang(alloc, pool, sg_cache, a.chunk) if a.worker == "sglang" else Ours(alloc, pool, a.chunk)
+    tree = Sglang(alloc, pool, sg_cache, a.chunk) if a.worker == "sglang" else Ours(alloc, pool, a.chunk, a.ours_block)
     t0, i = NOW(), 0
     while tree.cached_tokens() < 0.95 * kv_tokens - a.fill_prompt:
         tree.serve(prompt(i, a.fill_prompt), f"fill-{i}")
@@ -336,6 +346,8 @@ def main() -> None:
     ap.add_argument("--fill-prompt", type=int, default=32_768)
     ap.add_argument("--long-prompt", type=int, default=131_072)
     ap.add_argument("--chunk", type=int, default=8192, help="chunked-prefill size = checkpoint interval")
+    ap.add_argument("--ours-block", type=int, default=0,
+                    help="prfaas_hybrid's index block in tokens (0: the chunk, as a server without the unified pool)")
     ap.add_argument("--evict-tokens", type=int, default=65_536)
     ap.add_argument("--hash-lengths", type=int, nargs="+", default=[32_768, 131_072])
     ap.add_argument("--calls", type=int, default=200)
@@ -363,7 +375,7 @@ def main() -> None:
             for tree in a.trees:
                 cmd = [sys.executable, __file__, "--worker", "sglang" if tree == "sglang" else "ours",
                        "--kv-tokens", str(n), "--fill-prompt", str(a.fill_prompt), "--long-prompt",
-                       str(a.long_prompt), "--chunk", str(a.chunk), "--evict-tokens", str(a.evict_tokens),
+                       str(a.long_prompt), "--chunk", str(a.chunk), "--ours-block", str(a.ours_block), "--evict-tokens", str(a.evict_tokens),
                        "--calls", str(a.calls), "--match-calls", str(a.match_calls), "--mix-requests",
                        str(a.mix_requests), "--seed", str(a.seed), "--clock", a.clock, "--threads", str(a.threads),
                        "--hash-lengths", *map(str, a.hash_lengths)]

@@ -84,3 +84,18 @@ def test_a_chunk_cut_short_by_the_budget_ends_on_a_block_boundary():
     a = _req("a", list(range(1, 101)))
     assert _admit(cache, tok, [a], chunk=40) == [a]
     assert (a.prefix_len, a.extend_end - a.prefix_len) == (0, 2 * BS)
+
+
+def test_after_a_chunk_ended_at_a_branch_point_the_pass_admits_only_whole_prompts():
+    """The branch cut leaves budget, but SGLang tracks one chunked request per pass (PrefillAdder's
+    new_chunked_req): a second long prompt would have been chunked too and lost. It waits; a short
+    prompt that fits whole still joins the batch."""
+    cache, pool, tok, _ = _server()
+    shared = list(range(1, 49))
+    _serve(cache, pool, shared + list(range(200, 232)))
+    a, b = _req("a", shared + list(range(300, 340))), _req("b", list(range(600, 730)))
+    assert _admit(cache, tok, [a, b], chunk=4 * CHUNK) == [a]  # b (130 tokens) does not fit whole in 112
+    assert a.extend_end - a.prefix_len == 16
+    c, d = _req("c", shared + list(range(400, 440))), _req("d", list(range(800, 830)))
+    assert _admit(cache, tok, [c, d], chunk=4 * CHUNK) == [c, d]  # d (30 tokens) fits whole
+    assert d.extend_end == 30

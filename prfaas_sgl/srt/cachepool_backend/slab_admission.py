@@ -58,6 +58,7 @@ class SlabPrefillBudget(PrefillBudget):
         super().__init__(allocator, tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens)
         self.blocks, self.bs = allocator.slab_blocks, allocator.bs
         self.states = 0
+        self.cut = False  # a chunk this pass was cut before the budget ran out (see _chunk_to_a_state)
 
     def state_room(self) -> int:
         """Blocks a state charged now would still find: free ones, idle cached states, and every KV
@@ -82,15 +83,22 @@ class SlabPrefillBudget(PrefillBudget):
             self._log_refusal()
             return False, None
         ok, limit = super().check_prefill(**kwargs)
-        if ok and limit is not None:
-            limit = self._chunk_to_a_state(limit, kwargs["input_tokens"], kwargs["extend_input_len"])
+        extend = kwargs["extend_input_len"]
+        if not ok or limit is None:
+            return ok, limit
+        if self.cut and extend > limit:
+            return True, 0  # a second chunked request this pass: PrefillAdder stops (OTHER)
+        limit = self._chunk_to_a_state(limit, kwargs["input_tokens"], extend)
+        self.cut = self.cut or extend > limit
         return ok, limit
 
     def _chunk_to_a_state(self, limit: int, input_tokens: int, extend: int) -> int:
         """The chunk limit, so that the candidate's first chunk ends where its state can be cached: at
         the branch point its match reported (the next request sharing that prefix then hits all of
         it), else, if the chunk is cut short, on a block boundary (a state between boundaries has no
-        block to name it). A chunk that would be emptied is left alone.
+        block to name it). A chunk that would be emptied is left alone. A chunk ended early leaves
+        budget for later candidates, but SGLang tracks one chunked request per pass
+        (PrefillAdder.new_chunked_req): after a cut, check_prefill admits only whole prompts.
 
             tokens  [hit ... prefix)[chunk ............ prefix + limit)      cut: the end floors to bs
                                     [chunk ..... branch)                     branch inside: ends there
@@ -112,13 +120,15 @@ class SlabPrefillBudget(PrefillBudget):
             return None
         return getattr(c, "last_matched_branch", None)
 
-    def available_chunk_tokens(self, chunk_limit: int) -> int | None:
-        """A continuing chunk (it starts on a block boundary: the previous one ended there) ends on
-        one too, unless that leaves it empty."""
-        available = super().available_chunk_tokens(chunk_limit)
-        if available is None or available < self.bs:
-            return available
-        return available // self.bs * self.bs
+    def fit_chunk(self, *, extend_input_len: int, max_new_tokens: int, chunk_limit: int) -> int | None:
+        """A continuing chunk (it starts on a block boundary: the previous one ended there) that is cut
+        ends on a block boundary too, unless that leaves it empty."""
+        limit = super().fit_chunk(extend_input_len=extend_input_len, max_new_tokens=max_new_tokens,
+                                  chunk_limit=chunk_limit)
+        if limit is None or extend_input_len <= limit or limit < self.bs:
+            return limit
+        self.cut = True
+        return limit // self.bs * self.bs
 
     def _holds_state(self) -> bool:
         """Does the candidate being priced hold its state already (the request the cache matched
