@@ -72,7 +72,7 @@ def loadable(inp: RouteInput, grid: int) -> int:
 
 
 def fetches(inp: RouteInput, params: "PolicyParams", cost: ModelCost) -> dict[str, PrefixFetch]:
-    """Each store member (a healthy prefill) that holds less of the prompt than the store: its fetch, priced."""
+    """Each store member (a prefill) that holds less of the prompt than the store can load: its fetch, priced."""
     upto = loadable(inp, params.fetch_grid_tokens)
     if upto <= 0 or not inp.store_readers:
         return {}

@@ -27,7 +27,8 @@ MEMBERS = frozenset({"r0", "l0", "l1"})
 
 
 def views(r_cached=STORED, l_cached=0, r_queued=0):
-    return (InstanceView("r0", "prfaas", True, r_queued, 0, r_cached), InstanceView("l0", "local_prefill", True, 0, 0, l_cached),
+    return (InstanceView("r0", "prfaas", True, r_queued, 0, r_cached),
+            InstanceView("l0", "local_prefill", True, 0, 0, l_cached),
             InstanceView("l1", "local_prefill", True, 0, 0, 0), InstanceView("d0", "decode", True, 0, 0, 0))
 
 
