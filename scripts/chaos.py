@@ -4,7 +4,7 @@ seeded load while a seeded schedule kills -9 and restarts the remote prefill, th
 decode, and drops the emulated inter-DC link to zero. Needs root. See docs/reliability.md.
 
     sudo .venv/bin/python scripts/chaos.py --out out/chaos.json                # 200 requests over 12 min
-    sudo .venv/bin/python scripts/chaos.py --preset ci --seed 3 --out ci.json  # the CI size: 50 over 5 min
+    sudo .venv/bin/python scripts/chaos.py --preset ci --seed 3 --out ci.json  # the CI size: 50 over 220 s
 
 Prints the counts; exits 0 only when there was no hang, wrong token, lost, late, dropped or unclear answer
 and every recovery probe succeeded.

@@ -2,6 +2,8 @@
 classification, and the counting invariant sent = completed + errored (+ violations) with nothing lost."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from prfaas_sgl.tools.chaos import outcome as O
@@ -209,3 +211,13 @@ def test_a_fault_waits_for_a_request_in_flight_but_not_forever():
 
     waited, gave_up = asyncio.run(scenario())
     assert 0.25 <= waited < 5.0 and 0.2 <= gave_up < 5.0
+
+
+def test_the_shorter_ci_load_keeps_the_fault_schedule_of_the_five_minute_one():
+    """The CI load was cut from 300 s to 220 s for CI time: its faults stay where the 300-s preset put them
+    (the same targets at the same planned times), and the load still runs 70 s past the last of them."""
+    five_minutes = replace(CI, span_s=300.0, fault_tail_s=150.0)
+    assert make_schedule(CI.schedule_spec(), CI.seed) == make_schedule(five_minutes.schedule_spec(), CI.seed)
+    assert CI.span_s - max(e.at_s for e in make_schedule(CI.schedule_spec(), CI.seed)) >= 70.0
+    shorter, longer = make_plan(CI.load_spec(), CI.seed), make_plan(five_minutes.load_spec(), CI.seed)
+    assert [r.input_ids() for r in shorter] == [r.input_ids() for r in longer]  # the same references

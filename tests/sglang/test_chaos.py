@@ -5,7 +5,7 @@ prefill and one decode are killed -9 and restarted and the link drops to zero fo
 
 Every request must end within the stated bound with the colocated server's greedy tokens or a clear
 error: 0 hang, 0 wrong, 0 lost; every fault meets requests in flight. Needs root (network namespace, tc);
-~9 minutes on a quiet 2-core machine (server starts 1-3 min, 5 min of load, restarts).
+~7 minutes on a quiet 2-core machine (server starts 1-3 min, 220 s of load, restarts).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from prfaas_sgl.tools.chaos.config import CI
 from prfaas_sgl.tools.chaos.outcome import VIOLATIONS
 from prfaas_sgl.tools.netns import root_problem
 
-pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1500)]  # ~9 min quiet; 26 min when loaded
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1500)]  # ~7 min quiet; 26 min loaded (5-min load)
 
 
 @pytest.fixture(scope="module")
