@@ -70,6 +70,19 @@ def spec(log_dir: Path, name: str, model: str, **kw) -> ServerSpec:
     return ServerSpec(model_path=str(ensure(model)), port=free_port(), log_path=str(log_dir / f"{name}.log"), **kw)
 
 
+# The session's colocated reference per model (batch 1, chunk 64, prefix caching off): the same flags in every
+# module that names it in `shared` make one server start for all of them (test_cachepool_pd.py,
+# test_router_decode_cache.py and test_unified_pool.py spell the hybrid one out; test_layerwise.py uses this).
+# Greedy tokens of the tiny float32 models do not depend on the chunk grid (test_families.py compares chunk 64
+# with 512 exactly), but chunk 64 is slow for long GDN prompts: test_chaos.py's 54 references (up to 1,600
+# tokens) took 192 s on it against ~20 s at chunk 512, so a module sending dozens of long prompts keeps its own.
+REFERENCE = dict(chunked_prefill_size=64, max_running_requests=1, extra_args=("--disable-radix-cache",))
+
+
+def reference_spec(log_dir: Path, model: str) -> ServerSpec:
+    return spec(log_dir, "pool_pd_colocated" if model == HYBRID else f"{model}_reference", model, **REFERENCE)
+
+
 @pytest.fixture(scope="session")
 def log_dir() -> Path:
     # Not under pytest's tmp dirs: concurrent pytest runs prune those while servers still write logs.
