@@ -9,6 +9,12 @@ demoted, and a match that misses the device pool is extended from the tiers by l
             request) -> TierStack.get each missing entry -> write it into its slots -> index it through
             that pool request one checkpoint at a time, as a request's own checkpoints would -> free it.
 
+    publish (--prfaas-tier-publish): pool BlockStored(h), once the mirror bound it -> bytes copied out
+            -> TierStack.publish (encoded, signed and put by the publisher's worker thread)
+
+Colocated and PD prefill servers: on a prefill the loaded prefix is part of the request's row like any
+device hit, and prfaas_zmq sends the row's KV and the request's state after the forward.
+
 The load is synchronous on the scheduler thread (a device<-host copy per entry before the forward); a
 load overlapped with the forward layer by layer (HiCache's LayerDoneCounter) is later work. A tier
 fault (missing, corrupt, storage down) ends the extension at the last boundary loaded in full: the rest
