@@ -75,7 +75,7 @@ def _free_pair() -> tuple[str, str]:
     raise RuntimeError(f"no free /30 left in {SUBNET}")
 
 
-def _devices(link: netns.Link) -> None:
+def _devices(link: netns.Link, mtu: int) -> None:
     ns = link.exec_prefix
     _run("ip", "netns", "add", link.netns)
     _run(*ns, "ip", "link", "set", "lo", "up")
@@ -85,16 +85,19 @@ def _devices(link: netns.Link) -> None:
     for prefix, dev, ip, peer in ((), link.local_dev, link.local_ip, link.remote_ip), \
                                  (ns, link.remote_dev, link.remote_ip, link.local_ip):
         _run(*prefix, "ip", "addr", "add", ip, "peer", peer, "dev", dev)
-        _run(*prefix, "ip", "link", "set", dev, "mtu", str(MTU), "up")
+        _run(*prefix, "ip", "link", "set", dev, "mtu", str(mtu), "up")
         _run(*prefix, "tc", "qdisc", "add", "dev", dev, *tbf)
 
 
-def up(rate: str, one_way_ms: float = 0.0, tag: str | None = None) -> DelayedLink:
+def up(rate: str, one_way_ms: float = 0.0, tag: str | None = None, mtu: int = MTU) -> DelayedLink:
+    """``mtu`` also sets TCP's segment size, so its initial window (10 segments): 640 KB at the default against
+    ~14 KB at 1,500 bytes. Measured at 200 Mbit/s, 50 ms RTT: a 2 MiB send on a fresh connection took 0.41 s
+    at 64,000 and 0.46 s at 1,500 (whose forwarder used 2.4x the CPU: 0.33 CPU-s for 22 MiB)."""
     tag = tag or str(os.getpid())
     local_ip, remote_ip = _free_pair()
     link = netns.Link(f"prfaas-d{tag}", f"pdl{tag}"[:15], f"pdr{tag}"[:15], local_ip, remote_ip, rate)
     try:
-        _devices(link)
+        _devices(link, mtu)
         fwd = subprocess.Popen(
             [sys.executable, "-m", "prfaas_sgl.tools.link_delay", "forward", "--netns", link.netns,
              "--local-dev", link.local_dev, "--remote-dev", link.remote_dev, "--one-way-ms", str(one_way_ms)],
@@ -121,8 +124,9 @@ def down(dl: DelayedLink) -> None:
 
 
 @contextlib.contextmanager
-def delayed_link(rate: str, one_way_ms: float = 0.0, tag: str | None = None) -> Iterator[DelayedLink]:
-    dl = up(rate, one_way_ms, tag)
+def delayed_link(rate: str, one_way_ms: float = 0.0, tag: str | None = None,
+                 mtu: int = MTU) -> Iterator[DelayedLink]:
+    dl = up(rate, one_way_ms, tag, mtu)
     try:
         yield dl
     finally:

@@ -63,3 +63,12 @@ def test_round_trips_cost_twice_the_one_way_delay_and_bytes_cross_intact():
     assert link.netns not in names
     assert subprocess.run(["ip", "link", "show", link.local_dev], capture_output=True).returncode != 0
     assert dl.forwarder.poll() is not None
+
+
+def test_the_mtu_is_the_links_on_both_ends():
+    with delayed_link("200mbit", mtu=1500) as dl:
+        link = dl.link
+        local = subprocess.run(["ip", "link", "show", link.local_dev], capture_output=True, text=True).stdout
+        remote = subprocess.run([*link.exec_prefix, "ip", "link", "show", link.remote_dev], capture_output=True,
+                                text=True).stdout
+        assert " mtu 1500 " in local and " mtu 1500 " in remote
