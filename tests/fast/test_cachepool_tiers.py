@@ -138,3 +138,27 @@ def test_a_removed_file_entry_gives_its_bytes_back_to_the_file_tiers_bound(tmp_p
     assert stack.get(KV, 3, len(PAYLOAD)) is None and stack.stats.corrupt == 1
     stack.put(KV, 4, PAYLOAD)
     assert all(store.exists(FP.key(KV, h)) for h in (1, 2, 4))
+
+
+def test_write_through_is_bounded_and_counts_what_it_drops_or_the_store_refuses():
+    """The publisher never blocks the caller: with the store stalled, offers past the queue's byte bound
+    are dropped and counted; once the store answers, queued entries land, and a refused put is counted."""
+    import threading
+
+    from prfaas_sgl.cachepool.tiers.publish import Publisher
+
+    gate, seen = threading.Event(), []
+
+    def put(kind, block_hash, payload):
+        gate.wait(10)
+        seen.append(block_hash)
+        return 0 if block_hash == 3 else len(payload)
+
+    pub = Publisher(put, max_queued_bytes=3 * len(PAYLOAD))  # in flight + waiting
+    assert all(pub.offer(KV, h, PAYLOAD) for h in (1, 2, 3))
+    assert not pub.offer(KV, 4, PAYLOAD)  # the store is stalled: past the bound, dropped at once
+    gate.set()
+    assert pub.flush(10)
+    assert seen == [1, 2, 3]
+    assert (pub.stats.published, pub.stats.publish_failed, pub.stats.publish_dropped) == (2, 1, 1)
+    pub.close()
