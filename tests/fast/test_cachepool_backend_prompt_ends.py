@@ -17,6 +17,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 from tests.fast.test_cachepool_slab_admission import _admit, _run, _server
+from tests.fast import test_cachepool_slab_backend as B
 from tests.fast.test_cachepool_slab_backend import BS, CHUNK, _serve
 from tests.support.sglang_context import sglang_context  # noqa: F401 - autouse
 
@@ -99,3 +100,16 @@ def test_after_a_chunk_ended_at_a_branch_point_the_pass_admits_only_whole_prompt
     c, d = _req("c", shared + list(range(400, 440))), _req("d", list(range(800, 830)))
     assert _admit(cache, tok, [c, d], chunk=4 * CHUNK) == [c, d]  # d (30 tokens) fits whole
     assert d.extend_end == 30
+
+
+def test_chunk_ends_align_to_the_index_block_not_to_a_larger_slab_block(monkeypatch):
+    """A state larger than 16 tokens of KV makes slab blocks larger than the index block (80 tokens for
+    the benchmark's model): flooring to the slab block cut a 512-token chunk to 480, one more pass per
+    long prompt. A 128-token chunk stays 128 here, with 96-token slab blocks."""
+    big = B.NS(shape=B.NS(conv=[(2, 3)], temporal=(9, 40)), dtype=B.PARAMS.dtype, is_kda=False, layers=[1, 2])
+    monkeypatch.setattr(B, "PARAMS", big)
+    cache, _, tok, _ = _server()
+    assert tok.bs > cache.bs == BS and 128 % tok.bs
+    a = _req("a", list(range(1, 201)))
+    assert _admit(cache, tok, [a], chunk=128) == [a]
+    assert a.extend_end == 128

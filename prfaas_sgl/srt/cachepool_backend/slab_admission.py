@@ -57,6 +57,9 @@ class SlabPrefillBudget(PrefillBudget):
     def __init__(self, allocator, tree_cache, *, num_mixed_decode_tokens: int = 0) -> None:
         super().__init__(allocator, tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens)
         self.blocks, self.bs = allocator.slab_blocks, allocator.bs
+        # a state is named by the cache's index block (16 tokens), not the slab block (bs tokens: one
+        # state's bytes, 80 tokens for the benchmark's model); chunk ends align to the former
+        self.index_block = getattr(tree_cache, "bs", 1)
         self.states = 0
         self.cut = False  # a chunk this pass was cut before the budget ran out (see _chunk_to_a_state)
 
@@ -100,15 +103,15 @@ class SlabPrefillBudget(PrefillBudget):
         budget for later candidates, but SGLang tracks one chunked request per pass
         (PrefillAdder.new_chunked_req): after a cut, check_prefill admits only whole prompts.
 
-            tokens  [hit ... prefix)[chunk ............ prefix + limit)      cut: the end floors to bs
+            tokens  [hit ... prefix)[chunk ............ prefix + limit)      cut: the end floors to a block
                                     [chunk ..... branch)                     branch inside: ends there
         """
-        prefix, end = input_tokens - extend, input_tokens - extend + limit
+        prefix, end, ib = input_tokens - extend, input_tokens - extend + limit, self.index_block
         branch = self._branch_of_candidate(input_tokens)
         if branch is not None and prefix < branch < min(end, input_tokens):
             return branch - prefix
-        if end < input_tokens and end // self.bs * self.bs > prefix:
-            return end // self.bs * self.bs - prefix
+        if end < input_tokens and end // ib * ib > prefix:
+            return end // ib * ib - prefix
         return limit
 
     def _branch_of_candidate(self, input_tokens: int) -> int | None:
@@ -125,10 +128,11 @@ class SlabPrefillBudget(PrefillBudget):
         ends on a block boundary too, unless that leaves it empty."""
         limit = super().fit_chunk(extend_input_len=extend_input_len, max_new_tokens=max_new_tokens,
                                   chunk_limit=chunk_limit)
-        if limit is None or extend_input_len <= limit or limit < self.bs:
+        ib = self.index_block
+        if limit is None or extend_input_len <= limit:
             return limit
-        self.cut = True
-        return limit // self.bs * self.bs
+        self.cut = True  # it stays the pass's chunked request
+        return limit // ib * ib if limit >= ib else limit
 
     def _holds_state(self) -> bool:
         """Does the candidate being priced hold its state already (the request the cache matched
