@@ -1,36 +1,34 @@
-"""A prefix crosses clusters through a shared Mooncake Store, on real CPU SGLang servers routed by the router's
-own routing core.
+"""A prefix crosses clusters through a shared Mooncake Store, on real CPU SGLang servers behind the real router.
 
-    cluster A (PrfaaS)  server "a" --publish--> mooncake_master (127.0.0.1) <--load-- server "b"  cluster B (local)
+    cluster A (PrfaaS)    PD prefill "prfaas" --publish--> mooncake_master (127.0.0.1) <--load-- PD prefill "local"
+    cluster B (local PD)  decode "decode" <------- prfaas_zmq KV from either prefill -------
 
-Both servers run `prfaas_hybrid` with a storage tier on the same master, entries signed with one tier key,
-and write what they compute through to it (`--prfaas-tier-publish`). They are colocated servers: the tiers
-serve colocated servers only today, so the router's HTTP forwarder (which speaks SGLang's PD protocol) cannot
-front them; the test drives the router's `RoutingCore` (its `Cluster`, policy and `/metrics`) and posts
-each request to the prefill it picks. The router names both `--store-instances`, threshold 256, abundant
-cache rule. A 640-token prompt goes to A (uncached, above t); its extension goes to B, credited the prefix
-the store holds, and B loads it from Mooncake (cached_tokens, its log's storage hits) instead of recomputing;
-greedy tokens equal a colocated server without prefix caching. With the master killed, the next such
-extension is recomputed: the load fails within Mooncake's RPC timeout (~4.4 s measured in
-tests/fast/test_cachepool_tier_mooncake.py), tokens still equal, both servers healthy.
+Both prefills run `prfaas_hybrid` with a storage tier on the same master, entries signed with one tier key,
+and write what they compute through to it (`--prfaas-tier-publish`). The router (in-process, HTTP) names
+them `--store-instances`, threshold 256, abundant cache rule. A 640-token prompt goes to PrfaaS (uncached,
+above t) and is published; its 740-token extension goes to the local prefill, credited the 640 tokens the
+store holds (the router's /metrics counts it), and that server loads them from Mooncake (its log and its
+/metrics: storage hits) instead of recomputing; greedy tokens equal a colocated server without prefix
+caching. With the master killed the next such extension is recomputed: the load fails within Mooncake's
+RPC timeout (~4.4 s measured in tests/fast/test_cachepool_tier_mooncake.py), the tokens are still equal and
+the servers healthy. Timings go to cross_cluster.json in the test log directory.
 """
 from __future__ import annotations
 
+import json
 import re
 import time
 import urllib.request
 
 import pytest
 
-from prfaas_sgl.cachepool.hashing import block_hashes
-from prfaas_sgl.cachepool.tiers.auth import write_key
+from prfaas_sgl.cachepool.tiers.auth import KEY_FILE, write_key
 from prfaas_sgl.cachepool.tiers.master import MooncakeMaster
-from prfaas_sgl.router.cluster import Cluster
 from prfaas_sgl.router.config import InstanceSpec, RouterConfig
-from prfaas_sgl.router.metrics import RouterMetrics
-from prfaas_sgl.router.routing import RoutingCore
+from prfaas_sgl.tools.launch import free_port
 
 from .conftest import HYBRID, farm_for, reference_spec, spec
+from .live_router import running_router
 from .pd import generate_body, post
 from .prompts import prompt_ids
 
@@ -41,115 +39,124 @@ NEW = 8
 BASE, EXT = 640, 100
 RPC_BOUND_S = 10.0  # the fallback's bound: Mooncake's RPC timeout (~4.4 s measured) with room for a loaded CPU
 MASTER = MooncakeMaster()
+ZMQ = ("--prfaas-zmq-timeout-s", "120")
+TIMINGS: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def mooncake_master():
+def mooncake_master(log_dir):
     MASTER.start()
     yield MASTER
     MASTER.stop()
+    (log_dir / "cross_cluster.json").write_text(json.dumps(TIMINGS, indent=1))
 
 
 def _specs(log_dir):
-    key = str(log_dir / "tier.secret")
+    key = str(log_dir / KEY_FILE)
     write_key(key)
-    tiers = ("--radix-cache-backend", "prfaas_hybrid", "--enable-cache-report", "--prfaas-tier-storage", "mooncake",
-             "--prfaas-tier-mooncake-master", MASTER.addr, "--prfaas-tier-publish", "--prfaas-tier-key", key)
-    server = dict(chunked_prefill_size=GRID, max_running_requests=1, extra_args=tiers,
-                  env={"PRFAAS_CACHEPOOL_CHECK": "1"})
-    return {"a": spec(log_dir, "xc_a", HYBRID, **server), "b": spec(log_dir, "xc_b", HYBRID, **server),
-            "nocache": reference_spec(log_dir, HYBRID)}
+    tiers = ZMQ + ("--radix-cache-backend", "prfaas_hybrid", "--enable-cache-report", "--enable-metrics",
+                   "--prfaas-tier-storage", "mooncake", "--prfaas-tier-mooncake-master", MASTER.addr,
+                   "--prfaas-tier-publish", "--prfaas-tier-key", key)
+    prefill = dict(mode="prefill", transfer_backend="prfaas_zmq", chunked_prefill_size=GRID, extra_args=tiers,
+                   env={"PRFAAS_CACHEPOOL_CHECK": "1"})
+    return {
+        "prfaas": spec(log_dir, "xc_prfaas", HYBRID, bootstrap_port=free_port(), **prefill),
+        "local": spec(log_dir, "xc_local", HYBRID, bootstrap_port=free_port(), **prefill),
+        # batch-1 decode: batched CPU matmuls flip near-tie tokens of the random-weight model
+        "decode": spec(log_dir, "xc_decode", HYBRID, mode="decode", transfer_backend="prfaas_zmq",
+                       max_running_requests=1, extra_args=ZMQ),
+        "nocache": reference_spec(log_dir, HYBRID),
+    }
 
 
 farm = farm_for(_specs, shared=("nocache",))
 
 
 @pytest.fixture(scope="module")
-def core(farm, tmp_path_factory):
-    tok = tmp_path_factory.mktemp("tok")
-    (tok / "tokenizer.json").write_text("{}")  # the core routes token ids; it never tokenizes
+def router(farm, model_paths):
+    def inst(name: str) -> InstanceSpec:
+        s = farm[name].spec
+        return InstanceSpec(s.url, bootstrap_port=s.bootstrap_port, name=name)
+
     cfg = RouterConfig.from_flags(
-        prfaas=(InstanceSpec(farm["a"].url, bootstrap_port=1, name="a"),),
-        local_prefill=(InstanceSpec(farm["b"].url, bootstrap_port=1, name="b"),),
-        decode=(InstanceSpec(farm["nocache"].url, name="d"),),  # no decode step here: never posted to
-        tokenizer_path=str(tok), policy="threshold", threshold=T, cache_rule="abundant", store_instances="a,b",
-        block_size=GRID, fetch_grid_tokens=GRID)
-    cluster = Cluster(cfg)
-    for name in cluster.instances:
-        cluster.probed(name, True)
-    return RoutingCore(cfg, cluster, RouterMetrics())
+        port=0, prfaas=(inst("prfaas"),), local_prefill=(inst("local"),), decode=(inst("decode"),),
+        tokenizer_path=model_paths["hybrid"], served_model_name="tiny", context_length=8192, policy="threshold",
+        threshold=T, cache_rule="abundant", store_instances="prfaas,local", block_size=GRID,
+        fetch_grid_tokens=GRID, health_interval_s=60, prefill_timeout_s=300, request_timeout_s=300)
+    with running_router(cfg) as (handle, _):
+        yield handle.url
 
 
-def _routed(core: RoutingCore, farm, ids: list[int]) -> tuple[str, dict, float]:
-    """Route through the core, post to the prefill it picked; (its name, the answer, seconds)."""
-    d = core.route(len(ids), block_hashes(ids, GRID), time.monotonic()).decision
-    t0 = time.monotonic()
-    out = post(farm[d.prefill].url + "/generate", generate_body(ids, NEW))
-    assert "output_ids" in out, out
-    return d.prefill, out, time.monotonic() - t0
+def _metric(url: str, name: str, **labels) -> float:
+    """Sum of the samples of ``name`` at ``url``/metrics whose labels include ``labels`` (0 when absent)."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    total = 0.0
+    for lab, value in re.findall(rf"^{name}(?:\{{([^}}]*)\}})? (\S+)$", text, re.M):
+        if all(f'{k}="{v}"' in lab for k, v in labels.items()):
+            total += float(value)
+    return total
 
 
-def _metric(core: RoutingCore, name: str) -> float:
-    text = core.metrics.render(core.cluster, T, 1.0).decode()
-    return next((float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.split(" ")[0] == name), 0.0)
-
-
-def _keys() -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{MASTER.metrics_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return int(float(re.search(r"^master_key_count (\S+)", text, re.M).group(1)))
-
-
-def _published(before: int, at_least: int, timeout_s: float = 60.0) -> None:
-    """Wait until the master holds ``at_least`` more keys: the publisher puts on its own thread, after the
-    server answered."""
+def _wait_metric(url: str, name: str, at_least: float, timeout_s: float = 60, **labels) -> float:
+    """The publisher puts on its own thread after the prefill answered, and /metrics lags its counters ~1 s."""
     deadline = time.monotonic() + timeout_s
-    while _keys() - before < at_least:
-        assert time.monotonic() < deadline, f"the store got {_keys() - before} keys, not {at_least}, in {timeout_s} s"
-        time.sleep(0.2)
+    while (value := _metric(url, name, **labels)) < at_least and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return value
+
+
+def _gen(url: str, ids: list[int]) -> tuple[dict, float]:
+    t0 = time.monotonic()
+    out = post(url + "/generate", generate_body(ids, NEW))
+    assert "output_ids" in out, out
+    return out, time.monotonic() - t0
 
 
 def _log(farm, name: str) -> str:
     return farm[name].log_path.read_text(errors="replace")
 
 
-def _computed_on_a_then_extended(core, farm, model_paths, seed: int) -> list[int]:
-    """A BASE-token prompt routed to A, which computes and publishes it (a KV block and a state per chunk);
-    returns its extension by EXT tokens."""
-    keys = _keys()
+def _computed_remotely_then_extended(farm, router, model_paths, seed: int) -> list[int]:
+    """A BASE-token prompt through the router: PrfaaS computes it and publishes a KV block and a state per
+    chunk (the last chunk's state may be the request's end state); returns its extension by EXT tokens."""
     base = prompt_ids(model_paths["hybrid"], BASE, seed=seed)
-    assert _routed(core, farm, base)[0] == "a"
-    _published(keys, 2 * (BASE // GRID) - 1)  # the last chunk's state may be the request's end state
+    remote = _metric(router, "prfaas_router_decisions_total", route="prfaas", reason="long")
+    published = _metric(farm["prfaas"].url, "prfaas_tier_published_total")
+    _gen(router, base)
+    assert _metric(router, "prfaas_router_decisions_total", route="prfaas", reason="long") == remote + 1
+    want = published + 2 * (BASE // GRID) - 1
+    assert _wait_metric(farm["prfaas"].url, "prfaas_tier_published_total", want) >= want
     return base + prompt_ids(model_paths["hybrid"], EXT, seed=seed + 1)
 
 
-def test_an_extension_on_the_other_cluster_loads_its_prefix_from_the_store(core, farm, model_paths):
-    ext = _computed_on_a_then_extended(core, farm, model_paths, seed=1200)
-    name, out, _ = _routed(core, farm, ext)
-    assert name == "b"  # the abundant rule: 740 - 640 stored = 100 <= t, credited to the local cluster
-    assert _metric(core, 'prfaas_router_prefix_fetch_decisions_total{outcome="fetch",route="local"}') == 1
-    assert _metric(core, "prfaas_router_prefix_fetch_tokens_total") == BASE
-    # B never saw the prompt: its hit is all loaded, from Mooncake (it has no host tier)
-    assert out["meta_info"]["cached_tokens"] >= BASE - GRID, out["meta_info"]
-    m = re.search(r"hit extended from (\d+) to (\d+) tokens \(.*?storage_hits=(\d+)", _log(farm, "b"))
-    assert m and int(m[1]) == 0 and int(m[2]) == out["meta_info"]["cached_tokens"] and int(m[3]) > 0, m
-    assert out["output_ids"] == post(farm["nocache"].url + "/generate", generate_body(ext, NEW))["output_ids"]
-    assert "AssertionError" not in _log(farm, "a") + _log(farm, "b")
+def test_an_extension_on_the_other_cluster_loads_its_prefix_from_the_store(farm, router, model_paths):
+    ext = _computed_remotely_then_extended(farm, router, model_paths, seed=1200)
+    out, TIMINGS["fetched_extension_s"] = _gen(router, ext)
+    # the abundant rule: 740 - 640 stored = 100 <= t, so the local cluster, credited the stored prefix
+    assert _metric(router, "prfaas_router_prefix_fetch_decisions_total", route="local", outcome="fetch") == 1
+    assert _metric(router, "prfaas_router_prefix_fetch_tokens_total") == BASE
+    assert out["output_ids"] == _gen(farm["nocache"].url, ext)[0]["output_ids"]
+    # the local prefill never saw the prompt: its whole hit is loaded, from Mooncake (it has no host tier)
+    m = re.search(r"hit extended from (\d+) to (\d+) tokens \(.*?storage_hits=(\d+)", _log(farm, "local"))
+    assert m and int(m[1]) == 0 and int(m[2]) >= BASE - GRID and int(m[3]) > 0, m and m.group(0)
+    assert _wait_metric(farm["local"].url, "prfaas_tier_hits_total", int(m[3]), tier="storage") == int(m[3])
+    assert _metric(farm["local"].url, "prfaas_tier_refused_total") == 0
+    for name in ("prfaas", "local"):
+        log = _log(farm, name)
+        assert "signed (HMAC-SHA256)" in log and "AssertionError" not in log
 
 
-def test_with_the_store_down_the_extension_is_recomputed_within_the_rpc_timeout(core, farm, model_paths):
-    ext = _computed_on_a_then_extended(core, farm, model_paths, seed=1300)
-    t0 = time.monotonic()
-    ref = post(farm["nocache"].url + "/generate", generate_body(ext, NEW))
-    recompute_s = time.monotonic() - t0  # what computing the whole extension costs on this machine now
+def test_with_the_store_down_the_extension_is_recomputed_within_the_rpc_timeout(farm, router, model_paths):
+    ext = _computed_remotely_then_extended(farm, router, model_paths, seed=1300)
+    ref, TIMINGS["recompute_nocache_s"] = _gen(farm["nocache"].url, ext)  # computing all 740 tokens here, now
     MASTER.stop()
-    loads = _log(farm, "b").count("hit extended from")
-    name, out, wall_s = _routed(core, farm, ext)
-    assert name == "b" and out["meta_info"]["cached_tokens"] == 0, out["meta_info"]
+    loads = _log(farm, "local").count("hit extended from")
+    out, TIMINGS["fallback_s"] = _gen(router, ext)
+    assert _metric(router, "prfaas_router_prefix_fetch_decisions_total", route="local", outcome="fetch") == 2
     assert out["output_ids"] == ref["output_ids"]
-    assert wall_s < recompute_s + RPC_BOUND_S, (wall_s, recompute_s)
-    assert _log(farm, "b").count("hit extended from") == loads  # nothing loaded: recomputed
-    assert "treated as a miss" in _log(farm, "b")  # the tier's log of the failed store call
-    for s in ("a", "b"):
-        with urllib.request.urlopen(farm[s].url + "/health", timeout=10) as r:
+    assert TIMINGS["fallback_s"] < TIMINGS["recompute_nocache_s"] + RPC_BOUND_S, TIMINGS
+    assert _log(farm, "local").count("hit extended from") == loads  # nothing loaded: recomputed
+    assert "treated as a miss" in _log(farm, "local")  # the tier's log of the failed store call
+    for name in ("prfaas", "local", "decode"):
+        with urllib.request.urlopen(farm[name].url + "/health", timeout=10) as r:
             assert r.status == 200
