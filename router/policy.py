@@ -44,7 +44,7 @@ class PolicyParams:
     pace_max_s: float = knob(1.0, "paced: hold a remote-bound request at most this many seconds in all")
     pace_step_s: float = knob(0.25, "paced: decide a held request again after at most this many seconds")
     fetch_gbps: float = knob(0.0, "shared store -> prefill rate for loading a prefix (Gbit/s; 0 = the inter-DC "
-                             "link's measured drain rate)")
+                             "link's measured drain rate, its --link-gbps until measured)")
     fetch_rtt_s: float = knob(0.002, "seconds a prefix load costs per checkpoint interval on top of its bytes "
                               "(store round trips)")
     fetch_grid_tokens: int = knob(0, "the servers' state checkpoint interval (tokens; their --chunked-prefill-size "
