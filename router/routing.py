@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 ADMIN_KEYS = ("policy", "threshold", "high_watermark", "low_watermark", "cache_rule", "overload_tokens", "hold_s",
-              "slack", "target_s", "pace_max_s", "pace_step_s")
+              "slack", "target_s", "pace_max_s", "pace_step_s", "fetch_gbps", "fetch_rtt_s", "fetch_grid_tokens")
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,3 +177,20 @@ def test_the_bandwidth_aware_estimate_counts_the_load_itself():
     assert (d.route, d.prefill, d.reason, d.incremental_len) == ("prfaas", "r0", "local_slower", PROMPT - STORED)
     d = decide("abundant", "bandwidth_aware", insts=views(r_queued=20_000), fetch_gbps=100.0)
     assert (d.route, d.prefill, d.reason, d.fetch) == ("local", "l0", "short", "fetch")
+
+
+def test_the_rule_and_the_fetch_rate_are_admin_settable(tmp_path):
+    """/admin/routing (RoutingCore.set_routing) switches to the automatic rule and sets the store's rate:
+    at 10 kbit/s loading 9,024 tokens never pays (the extension goes back to r0, which holds them), at
+    100 Gbit/s it does (the local cluster takes it and loads them)."""
+    core = _core(tmp_path, threshold=T, store_instances="r0,l0")
+    first = list(range(141))
+    core.route(141 * 64, first, now=0.0)
+    ext = first + list(range(500, 516))
+    core.set_routing({"cache_rule": "auto", "fetch_gbps": 1e-5}, why="test")
+    d = core.route(157 * 64, ext, now=0.0).decision
+    assert (d.route, d.prefill, d.fetch, d.incremental_len) == ("prfaas", "r0", "", 1024)
+    state = core.set_routing({"fetch_gbps": 100.0}, why="test")
+    assert (state["cache_rule"], state["fetch_gbps"]) == ("auto", 100.0)
+    d = core.route(157 * 64, first + list(range(600, 616)), now=0.0).decision  # r0 published ext: another one
+    assert (d.route, d.prefill, d.fetch, d.incremental_len) == ("local", "l0", "fetch", 1024)
