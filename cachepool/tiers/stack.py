@@ -5,8 +5,9 @@
 
 Nothing raised below this class reaches the caller (the scheduler thread): a storage exception is
 logged once per kind of failure, counted, and answered as "not stored" / "miss". A store that is down
-answers each call only after its RPC timeout (Mooncake: ~4.4 s measured), so after a failure the storage
-tier is skipped for `retry_s` (puts dropped, gets missed): one stall per window, not one per block. A corrupt, truncated
+answers each call only after its RPC timeout (Mooncake: ~4.4 s measured, 30 s for a hung master), so every
+call has a deadline (`call_timeout_s`, deadline.py) and after a failure the storage tier is skipped for
+`retry_s` (puts dropped, gets missed): one bounded stall per window, not one per block. A corrupt, truncated
 or foreign entry is counted and dropped from the tier it came from; so is, with a tier key, an entry
 whose MAC does not verify (unsigned, signed under another key, forged): nothing unverified is returned.
 With `publish_queue_bytes`, `publish()` also writes what the device computes to storage (publish.py).
@@ -19,12 +20,17 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Optional
 
+from .deadline import Deadline
 from .entry import CorruptEntry, Fingerprint, Unauthenticated, decode, encode, entry_size
 from .host import HostTier
 from .publish import Publisher
 from .storage import StorageBackend
 
 log = logging.getLogger(__name__)
+
+# Longest a storage call may hold its caller (the scheduler thread): above a healthy store's answer for one
+# entry (ms on loopback; a 1 MiB entry over a 5 Mbit/s link is ~1.7 s), far below a hung store's 30 s.
+CALL_TIMEOUT_S = 5.0
 
 
 @dataclass(slots=True)
@@ -50,14 +56,16 @@ class TierStats:
 
 class TierStack:
     def __init__(self, fp: Fingerprint, host: Optional[HostTier], storage: Optional[StorageBackend],
-                 retry_s: float = 5.0, key: Optional[bytes] = None, publish_queue_bytes: int = 0) -> None:
+                 retry_s: float = 5.0, key: Optional[bytes] = None, publish_queue_bytes: int = 0,
+                 call_timeout_s: float = CALL_TIMEOUT_S) -> None:
         """key: the tier key (auth.py) entries are signed and verified with; None: unsigned, unverified.
         publish_queue_bytes > 0 (with a storage tier): publish() writes through, queued up to that many
         payload bytes."""
         if host is None and storage is None:
             raise ValueError("a tier stack needs a host tier, a storage tier, or both")
         self.fp, self.host, self.storage, self.key = fp, host, storage, key
-        self.retry_s = retry_s
+        self.retry_s, self.call_timeout_s = retry_s, call_timeout_s
+        self._deadlines = threading.local()  # one Deadline per calling thread
         self._skip_until = 0.0  # time.monotonic() before which the storage tier counts as down
         self._lock = threading.Lock()  # _skip_until and storage_errors: the publisher's worker calls storage too
         self.stats = TierStats()
@@ -156,7 +164,7 @@ class TierStack:
         if time.monotonic() < self._skip_until:
             return failed
         try:
-            return getattr(self.storage, name)(*args)
+            return self._deadline().call(getattr(self.storage, name), *args)
         except Exception as e:  # any backend failure is a miss: never an exception into the scheduler
             with self._lock:
                 self.stats.storage_errors += 1
@@ -164,6 +172,12 @@ class TierStack:
             self._log_once(f"{name}:{type(e).__name__}", "storage tier %s failed (%s: %s); treated as a miss",
                            name, type(e).__name__, e)
             return failed
+
+    def _deadline(self) -> Deadline:
+        d = getattr(self._deadlines, "d", None)
+        if d is None:
+            d = self._deadlines.d = Deadline(self.call_timeout_s)
+        return d
 
     def _log_once(self, tag: str, msg: str, *args) -> None:
         if tag not in self._logged:

@@ -3,6 +3,8 @@ on 127.0.0.1 over TCP, Mooncake's own client, every address pinned to loopback. 
 entry, the master killed (misses within one RPC timeout, never an exception) and restarted empty."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -77,3 +79,28 @@ def test_entries_injected_straight_into_the_master_are_refused_under_a_tier_key(
     assert not attacker.exists(FP.key(KV, 20)) and not attacker.exists(FP.key(STATE, 20))
     stack.storage.put(FP.key(KV, 22), encode(FP, KV, 22, PAYLOAD, key))
     assert stack.get(KV, 22, len(PAYLOAD)) == PAYLOAD
+
+
+def test_a_hung_master_holds_the_caller_no_longer_than_the_call_deadline(master):
+    """A stopped (SIGSTOP) master accepts connections and never answers: Mooncake's client then holds each
+    call for 30 s (measured). With a 1 s deadline the get is a miss after ~1 s, the tier is skipped, the
+    stuck call blocks nothing else, and once the master runs again the entry loads."""
+    store = MooncakeStoreBackend(master.addr)
+    stack = TierStack(FP, None, store, retry_s=0.5, call_timeout_s=1.0)
+    stack.put(KV, 30, PAYLOAD)
+    os.kill(master.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        assert stack.get(KV, 30, len(PAYLOAD)) is None
+        assert time.monotonic() - t0 < 3.0  # was 30 s without the deadline
+        time.sleep(0.6)  # past the retry window: the stuck call is still pending, so this fails at once
+        t1 = time.monotonic()
+        stack.put(KV, 31, PAYLOAD)
+        assert stack.get(KV, 31, len(PAYLOAD)) is None and time.monotonic() - t1 < 0.5
+        assert stack.stats.storage_errors >= 2
+    finally:
+        os.kill(master.proc.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 40  # the stuck call returns once the master answers again
+    while time.monotonic() < deadline and stack.get(KV, 30, len(PAYLOAD)) is None:
+        time.sleep(0.5)
+    assert stack.get(KV, 30, len(PAYLOAD)) == PAYLOAD
