@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import tempfile
 import time
 import urllib.request
@@ -148,10 +149,13 @@ def run_trace(url: str, rounds: list[list[Turn]], new: int, concurrency: int, ti
 
 
 def refusal(srv: SGLangServer, err: Exception) -> str:
-    """The lines of a failed start that say why: SGLang's exception lines, else the log's tail."""
-    lines = srv.log_path.read_text(errors="replace").splitlines() if srv.log_path.exists() else [str(err)]
-    why = [ln for ln in lines if "Error" in ln or "error" in ln or "not supported" in ln.lower()]
-    return "\n".join((why or lines)[-6:])[:2000]
+    """Why a start failed, from its log: the last traceback's innermost frame and its exception line."""
+    lines = srv.log_path.read_text(errors="replace").splitlines() if srv.log_path.exists() else []
+    exc = [i for i, ln in enumerate(lines) if re.match(r"^\w+(Error|Exception): ", ln)]
+    if not exc:
+        return "\n".join(lines[-4:] or [str(err)])[-2000:]
+    frames = [ln.strip() for ln in lines[:exc[-1]] if ln.strip().startswith('File "')]
+    return "\n".join(frames[-5:] + [lines[exc[-1]]])[:2000]
 
 
 def start_all(servers: dict[str, SGLangServer], timeout_s: float) -> dict[str, str]:
