@@ -80,9 +80,11 @@ def test_shared_system_prompt_hits_on_both_unified_sides(farm, model_paths):
     outs = [_pd(farm, system + q) for q in questions]
     for q, o in zip(questions, outs):
         assert o["output_ids"] == _colocated(farm, system + q)
-    # prefill resumes at its last checkpoint inside the shared prompt (256 = 4 x 64); decode holds KV in
-    # 16-token index blocks: the shared prompt's 18 whole blocks (288 of 300 tokens)
-    assert [o["prefill"]["meta_info"]["cached_tokens"] for o in outs] == [0, 256, 256]
+    # the second prefill resumes at its last chunk end inside the shared prompt (256 = 4 x 64) and ends
+    # its first chunk at the branch point its match reports (288, the shared prompt's 18 whole 16-token
+    # blocks), keeping a state there: the third resumes at 288. Decode holds KV in 16-token index blocks:
+    # the same 18 whole blocks
+    assert [o["prefill"]["meta_info"]["cached_tokens"] for o in outs] == [0, 256, 288]
     assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 288, 288]
     for name in ("prefill", "decode"):
         _slab_built(farm, name)
@@ -136,7 +138,10 @@ def test_colocated_shared_prompt_hits_and_matches_no_cache(farm, model_paths):
     system = prompt_ids(model_paths["hybrid"], 300, seed=7)
     questions = [prompt_ids(model_paths["hybrid"], 20, seed=200 + i) for i in range(3)]
     outs = [_gen(farm, system + q) for q in questions]
-    assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 256, 256]
+    # the second hits the last 64-token chunk end inside the 300-token system prompt (256); its match
+    # reports the branch point 288 (the last whole 16-token block of the shared prefix), its first chunk
+    # ends there and keeps a state, and the third hits all 288
+    assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 256, 288]
     for q, o in zip(questions, outs):
         assert o["output_ids"] == _colocated(farm, system + q)
     _slab_built(farm, "unified")
