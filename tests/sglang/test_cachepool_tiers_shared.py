@@ -10,8 +10,6 @@ release (PRFAAS_CACHEPOOL_CHECK=1)."""
 from __future__ import annotations
 
 import re
-import time
-import urllib.request
 
 import pytest
 
@@ -22,6 +20,7 @@ from prfaas_sgl.tools.launch import free_port
 from .conftest import HYBRID, farm_for, spec
 from .pd import generate_body, pd_generate, post
 from .prompts import prompt_ids
+from .scrape import metric, wait_metric
 
 pytestmark = pytest.mark.sglang
 GRID = 64  # --chunked-prefill-size: state checkpoints (and index blocks) at chunk ends
@@ -68,23 +67,6 @@ def _gen(url: str, ids: list[int]) -> dict:
     return post(url + "/generate", generate_body(ids, NEW))
 
 
-def _metric(url: str, name: str, **labels) -> float:
-    """Sum of the samples of prfaas_tier_<name>_total whose labels include `labels`."""
-    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
-    total = 0.0
-    for lab, value in re.findall(rf"^prfaas_tier_{name}_total\{{([^}}]*)\}} (\S+)$", text, re.M):
-        if all(f'{k}="{v}"' in lab for k, v in labels.items()):
-            total += float(value)
-    return total
-
-
-def _wait_metric(url: str, name: str, at_least: float, timeout_s: float = 60, **labels) -> float:
-    deadline = time.monotonic() + timeout_s
-    while (value := _metric(url, name, **labels)) < at_least and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return value
-
-
 def _log(farm, name: str) -> str:
     return farm[name].log_path.read_text(errors="replace")
 
@@ -94,14 +76,15 @@ def test_a_server_that_never_saw_a_prompt_loads_it_from_what_another_published(f
     prompt = prompt_ids(path, 600, seed=1200)
     _gen(farm["a"].url, prompt)
     # 9 chunks of 64 tokens: 9 KV blocks + 9 states written through while A still holds them
-    assert _wait_metric(farm["a"].url, "published", 18) >= 18
+    assert wait_metric(farm["a"].url, "prfaas_tier_published_total", 18) >= 18
     ext = prompt + prompt_ids(path, 40, seed=1250)
     out = _gen(farm["b"].url, ext)
     assert out["meta_info"]["cached_tokens"] == 576, out["meta_info"]
     assert out["output_ids"] == _gen(farm["nocache"].url, ext)["output_ids"]
     assert re.search(r"hit extended from 0 to 576 tokens \(.*storage_hits=18", _log(farm, "b"))
-    assert _wait_metric(farm["b"].url, "hits", 18, tier="storage") >= 18
-    assert _metric(farm["b"].url, "refused") == 0 and _metric(farm["b"].url, "loaded_bytes") > 0
+    assert wait_metric(farm["b"].url, "prfaas_tier_hits_total", 18, tier="storage") >= 18
+    assert metric(farm["b"].url, "prfaas_tier_refused_total") == 0
+    assert metric(farm["b"].url, "prfaas_tier_loaded_bytes_total") > 0
     for name in ("a", "b"):
         log = _log(farm, name)
         assert "signed (HMAC-SHA256)" in log and "AssertionError" not in log

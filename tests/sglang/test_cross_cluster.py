@@ -31,6 +31,7 @@ from .conftest import HYBRID, farm_for, reference_spec, spec
 from .live_router import running_router
 from .pd import generate_body, post
 from .prompts import prompt_ids
+from .scrape import metric, wait_metric
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
 GRID = 64  # chunk = the linear states' checkpoint grid = the router's block
@@ -87,24 +88,6 @@ def router(farm, model_paths):
         yield handle.url
 
 
-def _metric(url: str, name: str, **labels) -> float:
-    """Sum of the samples of ``name`` at ``url``/metrics whose labels include ``labels`` (0 when absent)."""
-    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
-    total = 0.0
-    for lab, value in re.findall(rf"^{name}(?:\{{([^}}]*)\}})? (\S+)$", text, re.M):
-        if all(f'{k}="{v}"' in lab for k, v in labels.items()):
-            total += float(value)
-    return total
-
-
-def _wait_metric(url: str, name: str, at_least: float, timeout_s: float = 60, **labels) -> float:
-    """The publisher puts on its own thread after the prefill answered, and /metrics lags its counters ~1 s."""
-    deadline = time.monotonic() + timeout_s
-    while (value := _metric(url, name, **labels)) < at_least and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return value
-
-
 def _gen(url: str, ids: list[int]) -> tuple[dict, float]:
     t0 = time.monotonic()
     out = post(url + "/generate", generate_body(ids, NEW))
@@ -120,12 +103,12 @@ def _computed_remotely_then_extended(farm, router, model_paths, seed: int) -> li
     """A BASE-token prompt through the router: PrfaaS computes it and publishes a KV block and a state per
     chunk (the last chunk's state may be the request's end state); returns its extension by EXT tokens."""
     base = prompt_ids(model_paths["hybrid"], BASE, seed=seed)
-    remote = _metric(router, "prfaas_router_decisions_total", route="prfaas", reason="long")
-    published = _metric(farm["prfaas"].url, "prfaas_tier_published_total")
+    remote = metric(router, "prfaas_router_decisions_total", route="prfaas", reason="long")
+    published = metric(farm["prfaas"].url, "prfaas_tier_published_total")
     _gen(router, base)
-    assert _metric(router, "prfaas_router_decisions_total", route="prfaas", reason="long") == remote + 1
+    assert metric(router, "prfaas_router_decisions_total", route="prfaas", reason="long") == remote + 1
     want = published + 2 * (BASE // GRID) - 1
-    assert _wait_metric(farm["prfaas"].url, "prfaas_tier_published_total", want) >= want
+    assert wait_metric(farm["prfaas"].url, "prfaas_tier_published_total", want) >= want
     return base + prompt_ids(model_paths["hybrid"], EXT, seed=seed + 1)
 
 
@@ -133,14 +116,14 @@ def test_an_extension_on_the_other_cluster_loads_its_prefix_from_the_store(farm,
     ext = _computed_remotely_then_extended(farm, router, model_paths, seed=1200)
     out, TIMINGS["fetched_extension_s"] = _gen(router, ext)
     # the abundant rule: 740 - 640 stored = 100 <= t, so the local cluster, credited the stored prefix
-    assert _metric(router, "prfaas_router_prefix_fetch_decisions_total", route="local", outcome="fetch") == 1
-    assert _metric(router, "prfaas_router_prefix_fetch_tokens_total") == BASE
+    assert metric(router, "prfaas_router_prefix_fetch_decisions_total", route="local", outcome="fetch") == 1
+    assert metric(router, "prfaas_router_prefix_fetch_tokens_total") == BASE
     assert out["output_ids"] == _gen(farm["nocache"].url, ext)[0]["output_ids"]
     # the local prefill never saw the prompt: its whole hit is loaded, from Mooncake (it has no host tier)
     m = re.search(r"hit extended from (\d+) to (\d+) tokens \(.*?storage_hits=(\d+)", _log(farm, "local"))
     assert m and int(m[1]) == 0 and int(m[2]) >= BASE - GRID and int(m[3]) > 0, m and m.group(0)
-    assert _wait_metric(farm["local"].url, "prfaas_tier_hits_total", int(m[3]), tier="storage") == int(m[3])
-    assert _metric(farm["local"].url, "prfaas_tier_refused_total") == 0
+    assert wait_metric(farm["local"].url, "prfaas_tier_hits_total", int(m[3]), tier="storage") == int(m[3])
+    assert metric(farm["local"].url, "prfaas_tier_refused_total") == 0
     for name in ("prfaas", "local"):
         log = _log(farm, name)
         assert "signed (HMAC-SHA256)" in log and "AssertionError" not in log
@@ -152,7 +135,7 @@ def test_with_the_store_down_the_extension_is_recomputed_within_the_rpc_timeout(
     MASTER.stop()
     loads = _log(farm, "local").count("hit extended from")
     out, TIMINGS["fallback_s"] = _gen(router, ext)
-    assert _metric(router, "prfaas_router_prefix_fetch_decisions_total", route="local", outcome="fetch") == 2
+    assert metric(router, "prfaas_router_prefix_fetch_decisions_total", route="local", outcome="fetch") == 2
     assert out["output_ids"] == ref["output_ids"]
     assert TIMINGS["fallback_s"] < TIMINGS["recompute_nocache_s"] + RPC_BOUND_S, TIMINGS
     assert _log(farm, "local").count("hit extended from") == loads  # nothing loaded: recomputed
