@@ -52,6 +52,10 @@ REGISTRY: tuple[EnvVar, ...] = (
            "SGLang's decode waiting timeout; a prfaas_zmq prefill keeps a room (and its peer's registration) "
            "this long plus the bootstrap timeout.",
            ("prfaas_sgl/srt/backend/prefill.py",)),
+    EnvVar("PROMETHEUS_MULTIPROC_DIR", "no /metrics export: the tier counters stay in the log line",
+           "prometheus_client's multiprocess directory, which SGLang sets with --enable-metrics before its "
+           "schedulers start; the tier counters register with it only then (tier_metrics.exported).",
+           ("prfaas_sgl/srt/cachepool_backend/tier_metrics.py",)),
     EnvVar("PRFAAS_MODEL_CACHE", "~/.cache/prfaas-sgl/models",
            "Where the tiny test models are built and kept (tools/models/tiny.py).",
            ("prfaas_sgl/tools/models/tiny.py",)),
