@@ -50,8 +50,8 @@ class PrfaasConfig:
         "the load needs. Colocated hybrid models with --radix-cache-backend prfaas_hybrid, --page-size 1.")
     tier_host_bytes: int = knob(
         0, "Host-memory tier below the prfaas_hybrid device pool, in bytes (0 = off): evicted KV blocks and "
-        "linear-attention state checkpoints are kept here (LRU) and loaded back on a later prefix hit. "
-        "Colocated linear-attention hybrid models only, for now.")
+        "linear-attention state checkpoints (sliding-window models: window pages) are kept here (LRU) and "
+        "loaded back on a later prefix hit. Colocated and PD prefill servers of hybrid models, not PD decode.")
     tier_storage: str = knob(
         "none", "Storage tier below the host tier (or below the device pool without one): 'file' (SGLang's "
         "HiCache file backend, in --prfaas-tier-storage-path) or 'mooncake' (Mooncake Store over TCP).",

@@ -2,7 +2,8 @@
 
     offset  0   4s   magic b"PFTE"
             4   H    format version
-            6   B    kind (KV = full-attention KV of one block, STATE = linear state at a boundary)
+            6   B    kind (KV = full-attention KV of one block, STATE = linear state at a boundary,
+                         WINDOW = the sliding-window layers' KV of one block: its window pages)
             7   B    flags (bit 0: the MAC below is set)
             8   Q    chain hash of the block (the device pool's key)
            16   Q    payload length (bytes)
@@ -26,8 +27,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Optional
 
-KV, STATE = 0, 1
-KINDS = {KV: "kv", STATE: "state"}
+KV, STATE, WINDOW = 0, 1, 2
+KINDS = {KV: "kv", STATE: "state", WINDOW: "window"}
 MAGIC, VERSION = b"PFTE", 2
 SIGNED = 0x01
 _BODY = struct.Struct("<4sHBBQQI16s")  # what the MAC covers, with the payload

@@ -24,3 +24,33 @@ def extension(hashes: Sequence[int], start: int, limit: int, step: int,
                 break
             best = j + 1
     return best
+
+
+
+def window_extension(hashes: Sequence[int], start: int, limit: int, window_blocks: int,
+                     has_kv: Callable[[int], bool], device_window: Callable[[int], bool],
+                     tier_window: Callable[[int], bool]) -> int:
+    """The longest hit k (blocks) in [start, limit] a sliding-window model can resume from: KV for every
+    block of [start, k) and the window pages of the w = window_blocks blocks before k, or `start` if
+    nothing extends. Windows before `start` must be on the device (a load indexes nothing before the
+    device hit); from `start` on, on the device or in a tier.
+
+        blocks   [0 ....... start)[start ............ k)     limit
+        windows                        [k - w ...... k)      device or tier (device only before start)
+    Nearest-to-the-end k first; tier_window is asked once per block at most (an `exists` RPC on Mooncake).
+    """
+    end = start
+    while end < min(limit, len(hashes)) and has_kv(hashes[end]):
+        end += 1
+    known: dict[int, bool] = {}
+
+    def window(j: int) -> bool:
+        h = hashes[j]
+        if h not in known:
+            known[h] = device_window(h) or (j >= start and tier_window(h))
+        return known[h]
+
+    for k in range(end, start, -1):
+        if all(window(j) for j in range(k - 1, max(0, k - window_blocks) - 1, -1)):
+            return k
+    return start

@@ -3,11 +3,14 @@ demoted, and a match that misses the device pool is extended from the tiers by l
 
     evict:  pool BlockRemoved(full h)  -> KV bytes of kv_table[kv_of[h]]   -> TierStack.put(KV, h)
             pool BlockRemoved(linear h)-> state bytes of state_of[h]        -> TierStack.put(STATE, h)
+            pool BlockRemoved(swa h), or (full h) with h in swa_of
+                                       -> SWA-layer KV at the peers of kv_of[h] -> TierStack.put(WINDOW, h)
             (read before the mirror gives the slots back: Tiers.demote runs on the drained events)
     match:  device hit k0 -> plan.extension: k (KV for [k0, k), a state at every grid boundary of (k0, k])
             -> allocate KV slots / state slots (evicting LRU entries; the device hit is held by a pool
             request) -> TierStack.get each missing entry -> write it into its slots -> index it through
             that pool request one checkpoint at a time, as a request's own checkpoints would -> free it.
+            (a sliding-window model: tier_window.WindowTiers plans and loads KV plus window pages)
 
     publish (--prfaas-tier-publish): pool BlockStored(h), once the mirror bound it -> bytes copied out
             -> TierStack.publish (encoded, signed and put by the publisher's worker thread)
@@ -31,11 +34,12 @@ import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
 from prfaas_sgl.cachepool import BlockRemoved, BlockStored
-from prfaas_sgl.cachepool.tiers import KV, STATE, Fingerprint, HostTier, TierStack
+from prfaas_sgl.cachepool.tiers import KV, STATE, WINDOW, Fingerprint, HostTier, TierStack
 from prfaas_sgl.cachepool.tiers.auth import load_key, shared_without_key
 from prfaas_sgl.cachepool.tiers.plan import extension
 
 from .mirror import FULL, LINEAR, Insert
+from .swa import SWA
 from .tier_io import PoolBytes
 from .tier_metrics import TierMetrics, exported
 from .tier_storage import build_storage
@@ -55,13 +59,19 @@ def attach(cache, ctx, mode: str):
     if cfg.tier_host_bytes == 0 and cfg.tier_storage == "none":
         return cache
     from .linear import LinearStateCache
+    from .sliding import SlidingWindowCache
+    from .tier_window import WindowTiers, window_bytes
 
     # a PD prefill loads a hit into slots its request then owns: prfaas_zmq sends the KV of the request's
-    # slots and its own state after the forward, whether the prefix came from the device or a tier
-    if not isinstance(cache, LinearStateCache) or mode not in ("null", "prefill"):
+    # slots (and its state, or the window pages of its row) after the forward, whether the prefix came
+    # from the device or a tier. A PD decode's cache is filled over prfaas_zmq, never from a match.
+    if not isinstance(cache, (LinearStateCache, SlidingWindowCache)) or mode not in ("null", "prefill"):
         raise ValueError("--prfaas-tier-*: the host and storage tiers serve colocated and PD prefill servers of "
-                         f"linear-attention hybrid models only (this server: {type(cache).__name__}, mode {mode})")
-    io = PoolBytes(cache.token_to_kv_pool_allocator.get_kvcache(), cache.req_to_token_pool.mamba_pool, cache.bs)
+                         "linear-attention and sliding-window hybrid models only (this server: "
+                         f"{type(cache).__name__}, mode {mode})")
+    sliding = isinstance(cache, SlidingWindowCache)
+    io = window_bytes(cache) if sliding else PoolBytes(cache.token_to_kv_pool_allocator.get_kvcache(),
+                                                        cache.req_to_token_pool.mamba_pool, cache.bs)
     fp = Fingerprint(f"{ctx.server_args.model_path}|tp{ctx.tp_rank}/{ctx.tp_size}|{io.layout()}"
                      f"|seed={cache.pool.cfg.hash_seed}")
     host = HostTier(cfg.tier_host_bytes) if cfg.tier_host_bytes else None
@@ -70,13 +80,13 @@ def attach(cache, ctx, mode: str):
     if host is None and storage is None:
         return cache
     publish = PUBLISH_QUEUE_BYTES if cfg.tier_publish and storage is not None else 0
-    cache.tiers = Tiers(cache, TierStack(fp, host, storage, key=key, publish_queue_bytes=publish), io)
+    cache.tiers = (WindowTiers if sliding else Tiers)(cache, TierStack(fp, host, storage, key=key, publish_queue_bytes=publish), io)
     if exported():
         cache.tiers.metrics = TierMetrics(cache.tiers.stack.counters, {"tp_rank": str(ctx.tp_rank)}).start()
-    log.info("prfaas_hybrid tiers: host %d bytes, storage %s%s, entries %s; entries: KV %d bytes, state %d bytes",
-             cfg.tier_host_bytes, cfg.tier_storage if storage is not None else "none",
+    log.info("prfaas_hybrid tiers: host %d bytes, storage %s%s, entries %s; entries: KV %d bytes, state %d bytes, "
+             "window %d bytes", cfg.tier_host_bytes, cfg.tier_storage if storage is not None else "none",
              " (write-through)" if publish else "", "signed (HMAC-SHA256)" if key else "unsigned",
-             io.kv_bytes, io.state_bytes)
+             io.kv_bytes, io.state_bytes, io.window_bytes)
     return cache
 
 
@@ -116,13 +126,16 @@ class Tiers:
     def demote(self, events: list) -> None:
         """Copy out what the pool just evicted, before the mirror frees its memory; note what it
         just stored, for publish_stored() once the mirror has bound it."""
-        mirror = self.cache.mirror
+        mirror, windows = self.cache.mirror, set()  # a full entry takes its window along: one put per window
         for ev in events:
             if isinstance(ev, BlockStored) and self.stack.publisher is not None and not self._loading:
-                self._stored.extend((ev.group, h) for h in ev.block_hashes if ev.group in (FULL, LINEAR))
+                self._stored.extend((ev.group, h) for h in ev.block_hashes if ev.group in (FULL, LINEAR, SWA))
             if not isinstance(ev, BlockRemoved):
                 continue
             for h in ev.block_hashes:
+                if ev.group in (FULL, SWA) and h in mirror.swa_of and h not in windows:
+                    windows.add(h)
+                    self.stack.put(WINDOW, h, self.io.read_window(mirror.kv_slots([h])))
                 if ev.group == FULL and h in mirror.kv_of:
                     self.stack.put(KV, h, self.io.read_kv(mirror.kv_slots([h])))
                 elif ev.group == LINEAR and h in mirror.state_of:
@@ -139,6 +152,8 @@ class Tiers:
                 self.stack.publish(KV, h, self.io.read_kv(mirror.kv_slots([h])))
             elif group == LINEAR and h in mirror.state_of:
                 self.stack.publish(STATE, h, self.io.read_state(self._physical(mirror.state_of[h])))
+            elif group == SWA and h in mirror.swa_of:
+                self.stack.publish(WINDOW, h, self.io.read_window(mirror.kv_slots([h])))
 
     def clear_host(self) -> None:
         self.stack.clear_host()
@@ -148,22 +163,32 @@ class Tiers:
         """The node for the longest hit the device pool plus the tiers give (`node` if none): the
         tiers' part is in the device pool afterwards, indexed and idle (LRU-recent)."""
         c = self.cache
-        if not (params.cow_mamba and params.req is not None):
+        if not self._loads_for(params):
             return node
         k0, limit = len(node.hashes), max(0, len(ids) - 1) // c.bs
         if k0 >= limit:
             return node
         seen = c.memo.get(getattr(params.req, "rid", None), ids, cached=self._has_kv)
-        step = c.cfg.checkpoint_interval // c.bs
-        k = extension(seen.hashes, k0, limit, step, self._has_kv, self._has_state)
+        k = self._plan(seen.hashes, k0, limit)
         if k == k0:
             return node
-        k = self._load(seen, k0, k, step)
+        k = self._load(seen, k0, k)
         if k == k0:
             return node
         log.info("prfaas_hybrid tiers: hit extended from %d to %d tokens (%s)", k0 * c.bs, k * c.bs,
                  " ".join(f"{n}={v}" for n, v in self.stack.stats.as_dict().items() if v))
         return type(node)(seen.tokens[:k * c.bs], tuple(seen.hashes[:k]))
+
+    def _loads_for(self, params) -> bool:
+        """A request's own match (the scheduler's, which then copies the state the hit ends at)."""
+        return bool(params.cow_mamba and params.req is not None)
+
+    def _plan(self, hashes: list[int], k0: int, limit: int) -> int:
+        return extension(hashes, k0, limit, self._step, self._has_kv, self._has_state)
+
+    @property
+    def _step(self) -> int:
+        return self.cache.cfg.checkpoint_interval // self.cache.bs
 
     def _has_kv(self, h: int) -> bool:
         return h in self.cache.mirror.kv_of or self.stack.contains(KV, h)
@@ -171,9 +196,9 @@ class Tiers:
     def _has_state(self, h: int) -> bool:
         return h in self.cache.mirror.state_of or self.stack.contains(STATE, h)
 
-    def _load(self, seen, k0: int, k: int, step: int) -> int:
+    def _load(self, seen, k0: int, k: int) -> int:
         """Load blocks [k0, k) into the device pool; returns the hit reached (a grid boundary)."""
-        c, bs = self.cache, self.cache.bs
+        c, bs, step = self.cache, self.cache.bs, self._step
         load_id = f"tierload:{next(self._ids)}"
         hashes = seen.hashes[:k]
         start = c.pool.admit(load_id, seen.tokens[:k * bs] + _ONE_TOKEN, num_tokens=k0 * bs,
@@ -183,12 +208,16 @@ class Tiers:
         try:
             if start != k0:
                 return k0
-            kv_slots, states = self._allocate(hashes, k0, k, step)
-            return self._fill_and_index(load_id, hashes, k0, k, step, kv_slots, states)
+            return self._fill(load_id, hashes, k0, k)
         finally:
             self._loading = False
             c.pool.free(load_id)
             c._drain()
+
+    def _fill(self, load_id: str, hashes: list[int], k0: int, k: int) -> int:
+        """Allocate, fetch, write and index what [k0, k) misses, under the pool request `load_id`."""
+        kv_slots, states = self._allocate(hashes, k0, k, self._step)
+        return self._fill_and_index(load_id, hashes, k0, k, self._step, kv_slots, states)
 
     def _missing(self, hashes: list[int], k0: int, k: int, step: int) -> tuple[list[int], list[int]]:
         """Blocks of [k0, k) whose KV, and grid boundaries of (k0, k] whose state, the device lacks."""
