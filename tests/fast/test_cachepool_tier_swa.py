@@ -144,23 +144,26 @@ def test_an_evicted_swa_prefix_loads_back_byte_exact_with_its_window(tmp_path, t
     _nothing_leaked(cache, alloc)
 
 
-def test_a_corrupt_window_ends_the_hit_one_boundary_early_and_leaks_nothing(tmp_path):
+@pytest.mark.parametrize("kind, other", [(WINDOW, KV), (KV, WINDOW)], ids=["window", "kv"])
+def test_a_corrupt_last_entry_ends_the_hit_one_boundary_early_and_leaks_nothing(tmp_path, kind, other):
+    """Block 6's window (or its KV) is corrupt: the hit ends at block 6 with the windows of blocks 4-5
+    loaded instead, block 6's slots go back, and its other entry stays in the tier."""
     cache, alloc, kv = _cache(tmp_path, tier_host_bytes=1 << 20)
     wanted = _prefill(cache, alloc, kv, PROMPT, seed=3)
     _evict_all(cache, alloc)
     host, fp = cache.tiers.stack.host, cache.tiers.stack.fp
-    key = fp.key(WINDOW, cache.pool.hashes(PROMPT)[6])
+    key = fp.key(kind, cache.pool.hashes(PROMPT)[6])
     blob = bytearray(host.get(key))
     blob[-3] ^= 0x10
     host.put(key, bytes(blob))
     node = _match(cache, PROMPT + [7] * 30)
-    assert len(node.tokens) == 96 and cache.tiers.stack.stats.corrupt == 1  # windows of blocks 4-5 instead
+    assert len(node.tokens) == 96 and cache.tiers.stack.stats.corrupt == 1 and key not in host
     peers = alloc.full_to_swa_index_mapping[cache.path_device_indices(node)]
     for i in range(64, 96):
         assert torch.equal(_at(kv.swa_kv_pool, int(peers[i])), wanted[i][1]), i
     assert cache.tiers.loaded_blocks == 6 and not cache.mirror.kv_of.keys() & {cache.pool.hashes(PROMPT)[6]}
     assert alloc.full_available_size() == FULL_SLOTS - 96 and alloc.swa_available_size() == SWA_SLOTS - 32
-    assert fp.key(KV, cache.pool.hashes(PROMPT)[6]) in host  # block 6's KV stays in the tier for later
+    assert fp.key(other, cache.pool.hashes(PROMPT)[6]) in host
     _nothing_leaked(cache, alloc)
 
 
