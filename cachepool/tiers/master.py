@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Optional
 
@@ -54,3 +55,12 @@ class MooncakeMaster:
             self.proc.kill()
             self.proc.wait()
             self.proc = None
+
+    def metric(self, name: str) -> float:
+        """One sample of the master's own Prometheus /metrics (e.g. master_exist_key_requests_total: the
+        RPCs it answered); 0.0 if it does not report it."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.split(" ", 1)[0] == name:
+                    return float(line.rsplit(" ", 1)[1])
+        return 0.0

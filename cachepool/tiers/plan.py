@@ -26,7 +26,6 @@ def extension(hashes: Sequence[int], start: int, limit: int, step: int,
     return best
 
 
-
 def window_extension(hashes: Sequence[int], start: int, limit: int, window_blocks: int,
                      has_kv: Callable[[int], bool], device_window: Callable[[int], bool],
                      tier_window: Callable[[int], bool]) -> int:
@@ -37,7 +36,8 @@ def window_extension(hashes: Sequence[int], start: int, limit: int, window_block
 
         blocks   [0 ....... start)[start ............ k)     limit
         windows                        [k - w ...... k)      device or tier (device only before start)
-    Nearest-to-the-end k first; tier_window is asked once per block at most (an `exists` RPC on Mooncake).
+    Nearest-to-the-end k first; tier_window is asked once per block at most (the caller answers it from
+    one batched lookup, TierStack.present).
     """
     end = start
     while end < min(limit, len(hashes)) and has_kv(hashes[end]):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Optional
 
@@ -106,6 +107,22 @@ class TierStack:
         if self.host is not None and key in self.host:
             return True
         return self.storage is not None and bool(self._call("exists", False, key))
+
+    def present(self, wanted: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
+        """Which (kind, hash) entries a tier holds: the host tier looked up, the rest asked of storage in
+        one batch call (one RPC to a Mooncake master, under one deadline). A storage failure answers
+        "none stored" for those, as contains() does."""
+        found, ask = set(), []
+        for kh in wanted:
+            key = self.fp.key(*kh)
+            if self.host is not None and key in self.host:
+                found.add(kh)
+            else:
+                ask.append((kh, key))
+        if ask and self.storage is not None:
+            answers = self._call("batch_exists", [], [key for _, key in ask])
+            found.update(kh for (kh, _), hit in zip(ask, answers) if hit)
+        return found
 
     def get(self, kind: int, block_hash: int, payload_bytes: int) -> Optional[bytes]:
         """The verified payload of the entry, or None (absent, corrupt, storage down)."""

@@ -23,6 +23,10 @@ class StorageBackend(Protocol):
 
     def exists(self, key: str) -> bool: ...
 
+    def batch_exists(self, keys: list[str]) -> list[bool]:
+        """exists() of each key, in one round trip where the backend has one (a hit's plan asks for
+        every entry it may load at once)."""
+
     def remove(self, key: str) -> None: ...
 
     def clear(self) -> None: ...
@@ -66,6 +70,13 @@ class MooncakeStoreBackend:
         if rc < 0:
             raise ConnectionError(f"Mooncake is_exist {key}: error {rc}")
         return rc == 1
+
+    def batch_exists(self, keys: list[str]) -> list[bool]:
+        """One BatchExistKey RPC to the master for all keys (is_exist is one RPC per key)."""
+        codes = self._store.batch_is_exist(keys) if keys else []
+        if len(codes) != len(keys) or any(c < 0 for c in codes):
+            raise ConnectionError(f"Mooncake batch_is_exist of {len(keys)} keys: {sorted(set(codes))[:4]}")
+        return [c == 1 for c in codes]
 
     def remove(self, key: str) -> None:
         # force: a get just took a 10 s lease on the object (the master's default_kv_lease_ttl), and a

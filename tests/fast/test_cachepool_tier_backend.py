@@ -226,3 +226,23 @@ def test_without_write_through_nothing_reaches_the_store_until_evicted(tmp_path)
     _compute(writer, mamba, kv, kvcache, PROMPT, seed=8)
     res, _ = _match(_cache(tmp_path, tier_storage="file")[0], PROMPT + [7])
     assert res.device_prefix_len == 0
+
+
+def test_a_hit_is_planned_with_one_exists_rpc_to_the_mooncake_master(tmp_path):
+    """The plan asks the store about every entry it may load (2 KV blocks, 2 states) in one BatchExistKey
+    RPC, not an ExistKey per entry (before: 6 per match); counted by the real mooncake_master itself."""
+    from prfaas_sgl.cachepool.tiers.master import MooncakeMaster
+
+    master = MooncakeMaster().start()
+    try:
+        cache, mamba, kv, kvcache = _cache(tmp_path, tier_storage="mooncake", tier_mooncake_master=master.addr)
+        _compute(cache, mamba, kv, kvcache, PROMPT, seed=9)
+        _evict_all(cache)
+        rpcs = ("master_exist_key_requests_total", "master_batch_exist_key_requests_total")
+        before = [master.metric(n) for n in rpcs]
+        res, _ = _match(cache, PROMPT + [7])
+        assert res.device_prefix_len == 2 * CHUNK and cache.tiers.stack.stats.storage_hits == 4
+        assert [master.metric(n) - b for n, b in zip(rpcs, before)] == [0, 1]
+        cache.tiers.stack.storage.close()  # before the master goes: a client left behind retries for ~10 s
+    finally:
+        master.stop()

@@ -97,6 +97,8 @@ def test_a_hung_master_holds_the_caller_no_longer_than_the_call_deadline(master)
         t1 = time.monotonic()
         stack.put(KV, 31, PAYLOAD)
         assert stack.get(KV, 31, len(PAYLOAD)) is None and time.monotonic() - t1 < 0.5
+        t2 = time.monotonic()  # a hit's plan (one batched exists) is bounded the same way
+        assert stack.present([(KV, 30), (KV, 31)]) == set() and time.monotonic() - t2 < 0.5
         assert stack.stats.storage_errors >= 2
     finally:
         os.kill(master.proc.pid, signal.SIGCONT)

@@ -168,8 +168,11 @@ class Tiers:
         k0, limit = len(node.hashes), max(0, len(ids) - 1) // c.bs
         if k0 >= limit:
             return node
-        seen = c.memo.get(getattr(params.req, "rid", None), ids, cached=self._has_kv)
-        k = self._plan(seen.hashes, k0, limit)
+        # every block up to limit is hashed (not only up to the first miss): the plan asks the tiers about
+        # all of them in one round trip; the request's own checkpoints reuse these hashes from the memo
+        seen = c.memo.get(getattr(params.req, "rid", None), ids, blocks=limit)
+        limit = min(limit, len(seen.hashes))
+        k = self._plan(seen.hashes, k0, limit, self.stack.present(self._wanted(seen.hashes, k0, limit)))
         if k == k0:
             return node
         k = self._load(seen, k0, k)
@@ -183,18 +186,21 @@ class Tiers:
         """A request's own match (the scheduler's, which then copies the state the hit ends at)."""
         return bool(params.cow_mamba and params.req is not None)
 
-    def _plan(self, hashes: list[int], k0: int, limit: int) -> int:
-        return extension(hashes, k0, limit, self._step, self._has_kv, self._has_state)
+    def _wanted(self, hashes: list[int], k0: int, limit: int) -> list[tuple[int, int]]:
+        """The tier entries a plan over [k0, limit) may read: KV and grid states the device lacks."""
+        m, step = self.cache.mirror, self._step
+        kv = [(KV, h) for h in hashes[k0:limit] if h not in m.kv_of]
+        return kv + [(STATE, hashes[j]) for j in range(k0, limit) if (j + 1) % step == 0
+                     and hashes[j] not in m.state_of]
+
+    def _plan(self, hashes: list[int], k0: int, limit: int, present: set[tuple[int, int]]) -> int:
+        m = self.cache.mirror
+        return extension(hashes, k0, limit, self._step, lambda h: h in m.kv_of or (KV, h) in present,
+                         lambda h: h in m.state_of or (STATE, h) in present)
 
     @property
     def _step(self) -> int:
         return self.cache.cfg.checkpoint_interval // self.cache.bs
-
-    def _has_kv(self, h: int) -> bool:
-        return h in self.cache.mirror.kv_of or self.stack.contains(KV, h)
-
-    def _has_state(self, h: int) -> bool:
-        return h in self.cache.mirror.state_of or self.stack.contains(STATE, h)
 
     def _load(self, seen, k0: int, k: int) -> int:
         """Load blocks [k0, k) into the device pool; returns the hit reached (a grid boundary)."""

@@ -41,6 +41,10 @@ class HiCacheFileBackend:
     def exists(self, key: str) -> bool:
         return self._file.exists(key)
 
+    def batch_exists(self, keys: list[str]) -> list[bool]:
+        # a stat per key on a local directory (HiCacheFile.batch_exists counts leading hits only)
+        return [self._file.exists(k) for k in keys]
+
     def remove(self, key: str) -> None:
         # HiCacheFile has no single-key delete; its file name is the key plus its config suffix. Its LRU
         # evictor counts the file's bytes against max_size until told: abort() (the call that refunds a

@@ -55,10 +55,16 @@ class WindowTiers(Tiers):
         """Any request's own match (SGLang passes cow_mamba=False for a model without Mamba layers)."""
         return params.req is not None
 
-    def _plan(self, hashes: list[int], k0: int, limit: int) -> int:
+    def _wanted(self, hashes: list[int], k0: int, limit: int) -> list[tuple[int, int]]:
+        """KV and windows of [k0, limit) the device lacks (windows before k0 must be on the device)."""
         m = self.cache.mirror
-        return window_extension(hashes, k0, limit, self.window_blocks, self._has_kv, m.swa_of.__contains__,
-                                lambda h: self.stack.contains(WINDOW, h))
+        return [(KV, h) for h in hashes[k0:limit] if h not in m.kv_of] + \
+            [(WINDOW, h) for h in hashes[k0:limit] if h not in m.swa_of]
+
+    def _plan(self, hashes: list[int], k0: int, limit: int, present: set[tuple[int, int]]) -> int:
+        m = self.cache.mirror
+        return window_extension(hashes, k0, limit, self.window_blocks, lambda h: h in m.kv_of or (KV, h) in present,
+                                m.swa_of.__contains__, lambda h: (WINDOW, h) in present)
 
     def _fill(self, load_id: str, hashes: list[int], k0: int, k: int) -> int:
         c, bs = self.cache, self.cache.bs
