@@ -20,6 +20,11 @@ from prfaas_sgl.tools.models.tiny import ensure
 
 HYBRID = "tiny-qwen35-hybrid"
 LLAMA = "tiny-llama"
+# A stopped farm's SIGTERM reaches every process of a server's group: the scheduler exits at once, and SGLang's
+# HTTP process, seeing it die, sleeps 5 s "before crash diagnostics" (tokenizer_manager.py) before it exits:
+# 5-6 s per module with the default 10-s grace. A test server has nothing to flush (logs are unbuffered), so
+# the group is SIGKILLed after this grace instead.
+STOP_GRACE_S = 1.0
 
 
 class SharedServers:
@@ -36,7 +41,7 @@ class SharedServers:
         return self._by_key[key]
 
     def stop(self) -> None:
-        stop_together(list(self._by_key.values()))
+        stop_together(list(self._by_key.values()), STOP_GRACE_S)
 
 
 class Farm:
@@ -63,7 +68,7 @@ class Farm:
     def stop(self) -> None:
         # a role switch (LaunchedServers) replaces a server object in `servers`: stop the new ones too
         current = [srv for name, srv in self.servers.items() if name not in self.shared]
-        stop_together(list({id(srv): srv for srv in self.own + current}.values()))
+        stop_together(list({id(srv): srv for srv in self.own + current}.values()), STOP_GRACE_S)
 
 
 def spec(log_dir: Path, name: str, model: str, **kw) -> ServerSpec:
