@@ -1,11 +1,13 @@
-"""Real SGLang on CPU: colocated greedy == HF greedy; mooncake_tcp PD == colocated (hybrid model)."""
+"""Real SGLang on CPU: colocated greedy == HF greedy; mooncake_tcp PD == colocated (hybrid model). The colocated
+servers are the session's shared references (conftest.reference_spec: batch 1, chunk 64, prefix caching off),
+started by an earlier module."""
 from __future__ import annotations
 
 import pytest
 
 from prfaas_sgl.tools.launch import free_port
 
-from .conftest import HYBRID, LLAMA, farm_for, spec
+from .conftest import HYBRID, LLAMA, farm_for, reference_spec, spec
 from .pd import generate_body, pd_generate, post
 from .prompts import prompt_ids
 from .reference import hf_greedy
@@ -19,15 +21,15 @@ CHUNK = 512  # chunked prefill smaller than the long prompts, so PD sends severa
 def _specs(log_dir):
     boot = free_port()
     return {
-        "llama": spec(log_dir, "llama", LLAMA),
-        "hybrid": spec(log_dir, "hybrid", HYBRID),
+        "llama": reference_spec(log_dir, LLAMA),
+        "hybrid": reference_spec(log_dir, HYBRID),
         "hybrid_mc_prefill": spec(log_dir, "hybrid_mc_prefill", HYBRID, mode="prefill",
                                   transfer_backend="mooncake", bootstrap_port=boot, chunked_prefill_size=CHUNK),
         "hybrid_mc_decode": spec(log_dir, "hybrid_mc_decode", HYBRID, mode="decode", transfer_backend="mooncake"),
     }
 
 
-farm = farm_for(_specs)
+farm = farm_for(_specs, shared=("llama", "hybrid"))
 
 
 @pytest.mark.parametrize("model", ["llama", "hybrid"])
