@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from .conftest import HYBRID, farm_for, spec
+from .conftest import HYBRID, farm_for, reference_spec, spec
 from .pd import generate_body, post
 from .prompt_trees import check_tree, prompt_tree
 from .prompts import prompt_ids
@@ -32,11 +32,12 @@ def _specs(log_dir):
         "pool": spec(log_dir, "cachepool", HYBRID, **COMMON, env={"PRFAAS_CACHEPOOL_CHECK": "1"},
                      extra_args=("--radix-cache-backend", "prfaas_hybrid", "--enable-cache-report",
                                  "--enable-metrics")),  # /v1/loads cache_hit_rate needs metrics on
-        "nocache": spec(log_dir, "nocache", HYBRID, **COMMON, extra_args=("--disable-radix-cache",)),
+        # prefix caching off: the session's shared reference (conftest.reference_spec), no server start here
+        "nocache": reference_spec(log_dir, HYBRID),
     }
 
 
-farm = farm_for(_specs)
+farm = farm_for(_specs, shared=("nocache",))
 
 
 def _gen(url: str, ids: list[int], new: int = NEW) -> dict:
