@@ -13,7 +13,7 @@ import pytest
 
 from prfaas_sgl.cachepool.tiers.master import MooncakeMaster
 
-from .conftest import HYBRID, farm_for, spec
+from .conftest import HYBRID, farm_for, reference_spec, spec
 from .pd import generate_body, post
 from .prompt_trees import check_tree, prompt_tree
 from .prompts import prompt_ids
@@ -42,11 +42,12 @@ def _specs(log_dir):
         "mooncake": spec(log_dir, "cachepool-tiers-mooncake", HYBRID, **COMMON, env={"PRFAAS_CACHEPOOL_CHECK": "1"},
                          extra_args=(*TIER, "--prfaas-tier-host-bytes", str(256 << 10), "--prfaas-tier-storage",
                                      "mooncake", "--prfaas-tier-mooncake-master", MASTER.addr)),
-        "nocache": spec(log_dir, "tiers-nocache", HYBRID, **COMMON, extra_args=("--disable-radix-cache",)),
+        # prefix caching off: the session's shared reference (conftest.reference_spec), no server start here
+        "nocache": reference_spec(log_dir, HYBRID),
     }
 
 
-farm = farm_for(_specs)
+farm = farm_for(_specs, shared=("nocache",))
 
 
 def _log(farm, name: str = "tiers") -> str:
