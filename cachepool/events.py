@@ -72,6 +72,9 @@ class EventLog:
     def cleared(self) -> None:
         self._events.append(AllBlocksCleared())
 
+    def pending(self) -> bool:
+        return bool(self._events)
+
     def drain(self) -> list[AnyEvent]:
         """Return and forget the buffered events (oldest first)."""
         out, self._events = self._events, []

@@ -52,11 +52,14 @@ class HybridCachePool:
     def hashes(self, token_ids: Sequence[int]) -> list[int]:
         return block_hashes(token_ids, self.cfg.block_size, self.cfg.hash_seed)
 
-    def match(self, token_ids: Sequence[int], hashes: Optional[list[int]] = None) -> int:
+    def match(self, token_ids: Sequence[int], hashes: Optional[list[int]] = None,
+              num_tokens: Optional[int] = None) -> int:
         """Tokens of the longest prefix EVERY group can resume from (read-only, no recency touch).
-        At least one token is always left to compute (its logits are needed)."""
+        At least one token is always left to compute (its logits are needed). num_tokens: match
+        token_ids[:num_tokens] only (a capped key, without copying the list)."""
         hashes = self.hashes(token_ids) if hashes is None else hashes
-        return self._hit_blocks(hashes, len(token_ids)) * self.cfg.block_size
+        n = len(token_ids) if num_tokens is None else min(num_tokens, len(token_ids))
+        return self._hit_blocks(hashes, n) * self.cfg.block_size
 
     def _hit_blocks(self, hashes: list[int], num_tokens: int) -> int:
         """Fixpoint of min over groups: a group may only lower k, so k decreases until all agree
@@ -193,6 +196,10 @@ class HybridCachePool:
     # -- introspection -------------------------------------------------------------------------
     def drain_events(self) -> list[AnyEvent]:
         return self.events.drain()
+
+    def has_events(self) -> bool:
+        """Events buffered since the last drain (a caller with nothing to mirror skips the drain)."""
+        return self.events.pending()
 
     def usage(self) -> PoolUsage:
         bp = self.blocks

@@ -75,6 +75,12 @@ def prompt(i: int, n: int) -> array:
     return array("q", range((i + 1) * 200_000, (i + 1) * 200_000 + n))
 
 
+def key(ids: array):
+    """SGLang 0.5.23's match key (Req.init_next_round_input): the request's array, capped by a limit."""
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    return RadixKey(ids, limit=len(ids) - 1)
+
+
 class Counted:
     """Wraps an allocator's free() to count calls (installed before a tree binds it)."""
 
@@ -122,8 +128,7 @@ class Ours:
 
     def match(self, ids: array, rid: str, req=None):
         from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
-        from sglang.srt.mem_cache.radix_cache import RadixKey
-        return self.cache.match_prefix(MatchPrefixParams(key=RadixKey(ids[:-1]), req=req, cow_mamba=req is not None))
+        return self.cache.match_prefix(MatchPrefixParams(key=key(ids), req=req, cow_mamba=req is not None))
 
     def serve(self, ids: array, rid: str, times: dict | None = None) -> int:
         """One request, as the scheduler runs it; returns the tokens its match hit."""
@@ -175,8 +180,7 @@ class Sglang:
 
     def match(self, ids: array, rid: str, req=None):
         from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
-        from sglang.srt.mem_cache.radix_cache import RadixKey
-        return self.cache.match_prefix(MatchPrefixParams(key=RadixKey(ids[:-1])))
+        return self.cache.match_prefix(MatchPrefixParams(key=key(ids)))
 
     def _slot(self):
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams

@@ -152,6 +152,7 @@ class _Key:
 
     def __init__(self, ids):
         self.ids, self.is_bigram, self.extra_key, self.cache_salt = ids, False, None, None
+        self.token_ids = ids  # uncapped (no limit)
 
     def raw_token_ids(self):
         return self.ids

@@ -91,6 +91,7 @@ class _Params:
     def __init__(self, ids: list[int]) -> None:
         self.key, self.req, self.cow_mamba = self, None, False
         self.ids, self.is_bigram, self.extra_key, self.cache_salt = ids, False, None, None
+        self.token_ids = ids  # uncapped (no limit)
 
     def __len__(self) -> int:
         return len(self.ids)

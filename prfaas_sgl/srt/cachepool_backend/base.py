@@ -32,6 +32,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (BasePrefixCache, DecLockRefR
 from prfaas_sgl.cachepool import GroupSpec, HybridCachePool, PoolConfig
 
 from . import config as backend_config
+from . import row_free
 from .hashes import HashMemo
 from .mirror import FULL, Insert, Mirror
 from .swa import SWA, SwaMemory
@@ -121,6 +122,8 @@ class PrfaasHybridCache(BasePrefixCache):
         self.req_to_token_pool.mamba_allocator.free(slot)
 
     def _drain(self, insert: Insert | None = None) -> tuple[int, int, int]:
+        if insert is None and self.tiers is None and not self.pool.has_events():
+            return 0, 0, 0  # nothing stored or removed since the last drain: nothing to mirror or free
         counts = self._apply(insert)
         self.mirror.flush()
         if self.tiers is not None:  # what was just indexed, written through to a shared store if asked
@@ -155,15 +158,17 @@ class PrfaasHybridCache(BasePrefixCache):
         key = params.key
         if key.is_bigram or key.extra_key is not None or key.cache_salt is not None or len(key) == 0:
             return self._result(self.root_node)  # namespaced keys are not indexed (hash seed is global)
-        ids = key.raw_token_ids()
+        # the scheduler's key is the request's own array capped by key.limit: matched as it is (no
+        # copy), so the request's checkpoints find that same array in the memo (no compare)
+        ids, num = key.token_ids, len(key)
         # hashed up to the first block the KV index lacks: a new prompt costs one block, not its length
         seen = self.memo.get(getattr(params.req, "rid", None), ids, cached=self.mirror.kv_of.__contains__)
-        k = self.pool.match(ids, seen.hashes) // self.bs
+        k = self.pool.match(seen.tokens, seen.hashes, num_tokens=num) // self.bs
         node = Node(seen.tokens[:k * self.bs], tuple(seen.hashes[:k]))
         if self.tiers is not None:  # past the device hit, from the lower tiers (loaded back now)
-            node = self.tiers.extend(params, node, ids)
+            node = self.tiers.extend(params, node, key.raw_token_ids())
         node = self._matched(params, node)
-        return self._result(node, self._branch_point(params, seen.hashes, len(ids), node))
+        return self._result(node, self._branch_point(params, seen.hashes, num, node))
 
     def _matched(self, params: MatchPrefixParams, node: Node) -> Node:
         """The hit this kind serves for the pool's KV match `node` (here: all of it)."""
@@ -216,7 +221,7 @@ class PrfaasHybridCache(BasePrefixCache):
         ids = req.full_untruncated_fill_ids
         n = min(up_to, len(ids)) // self.bs
         length = n * self.bs
-        if n == 0:
+        if n == 0 or self._offers_nothing(req, length, up_to):
             return
         seen = self.memo.get(req.rid, ids, blocks=n)
         hashes = seen.hashes
@@ -238,6 +243,13 @@ class PrfaasHybridCache(BasePrefixCache):
         ent.stored.update((i, hashes[i]) for i in insert.stored_blocks)
         if insert.state is not None:  # not indexed (no boundary planned, or the pool had it)
             self._free_state(insert.state)
+
+    def _offers_nothing(self, req, length: int, up_to: int) -> bool:
+        """Whether a checkpoint of [0, up_to) can give the tree nothing: no pool request yet, every
+        full block in the hit the lock pins, and no state (off a block boundary). Admitting would
+        only pin the hit twice: a request extending a cached prompt by less than a block."""
+        return (up_to != length and req.kv.req_pool_idx not in self._reqs
+                and length <= getattr(req.kv, "cache_protected_len", 0))
 
     def _grow(self, req, seen, n: int, mark: bool) -> Entry:
         """The request's pool request covering blocks [0, n): admitted at its first checkpoint."""
@@ -265,30 +277,12 @@ class PrfaasHybridCache(BasePrefixCache):
 
     def free_kv_row(self, kv, ranges: list[tuple[int, int]]) -> None:
         """Free row ranges except the blocks this request handed to the tree; the pieces left go
-        back to the allocator in one free (SGLang's free group), not one per piece."""
+        back to the allocator in one free, not one per piece (row_free.py)."""
         ent = self._reqs.get(kv.req_pool_idx)
-        if ent is None or not ent.stored:
-            return super().free_kv_row(kv, ranges)
-        self._free_windows(kv, ent, ranges)
-        pieces = []
-        for start, end in ranges:
-            pos = start
-            for i in sorted(b for b in ent.stored if start < (b + 1) * self.bs and b * self.bs < end):
-                if pos < i * self.bs:
-                    pieces.append((pos, i * self.bs))
-                pos = max(pos, (i + 1) * self.bs)
-            if pos < end:
-                pieces.append((pos, end))
-        allocator = self.token_to_kv_pool_allocator
-        if len(pieces) < 2 or getattr(allocator, "free_group", False) is not None:
-            if pieces:  # one piece, or a free group the caller already opened collects them
-                super().free_kv_row(kv, pieces)
-            return
-        allocator.free_group_begin()
-        try:
-            super().free_kv_row(kv, pieces)
-        finally:
-            allocator.free_group_end()
+        if ent is not None and ent.stored:
+            self._free_windows(kv, ent, ranges)
+            ranges = row_free.outside(ranges, ent.stored, self.bs)
+        row_free.free(self, kv, ranges, super().free_kv_row)
 
     def _free_windows(self, kv, ent: Entry, ranges: list[tuple[int, int]]) -> None:
         """Free what the row holds beside the KV of the blocks the tree took (here: nothing)."""

@@ -216,7 +216,11 @@ class Mirror:
             return torch.empty((0,), dtype=torch.int64, device=self.device)
         if _is_run(rows):
             return self.kv_table[rows[0]:rows[0] + len(rows)].reshape(-1).clone()
-        return self.kv_table[torch.tensor(rows, dtype=torch.int64, device=self.device)].reshape(-1)
+        table = self.kv_table
+        if len(rows) <= _FEW_ROWS:  # a short hit: its runs of rows as slices, one cat (no index tensor)
+            return torch.cat([table[a:b].view(-1) for a, b in _runs(rows)])
+        # index_select: half the time of table[index] (advanced indexing) on the CPU
+        return table.index_select(0, torch.tensor(rows, dtype=torch.int64, device=self.device)).view(-1)
 
     def check(self, pool) -> None:
         """The mirror equals the pool's index, and no SGLang slot is held twice."""
@@ -238,6 +242,20 @@ class Mirror:
         assert len(slots) == len(set(slots)), "a KV slot is cached under two hashes"
         states = [int(t.item()) for t in self.state_of.values()]
         assert len(states) == len(set(states)), "a state slot is cached under two hashes"
+
+
+_FEW_ROWS = 16
+
+
+def _runs(xs: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of each maximal run of consecutive values in xs, in order."""
+    out, start = [], xs[0]
+    for prev, x in zip(xs, xs[1:]):
+        if x != prev + 1:
+            out.append((start, prev + 1))
+            start = x
+    out.append((start, xs[-1] + 1))
+    return out
 
 
 def _is_run(xs: list[int]) -> bool:

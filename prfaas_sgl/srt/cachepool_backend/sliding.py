@@ -42,6 +42,10 @@ class SlidingWindowCache(PrfaasHybridCache):
         return self._mirror_over(pool, swa.free_full, swa)
 
     # -- checkpoints ----------------------------------------------------------------------------
+    def _offers_nothing(self, req, length: int, up_to: int) -> bool:
+        """Never: every checkpoint raises the request's swa_evict_floor (_stage)."""
+        return False
+
     def _stage(self, req, insert: Insert, last_hash: int, length: int, up_to: int) -> None:
         insert.swa_limit = self._protect_windows(req, length)
 

@@ -1,0 +1,124 @@
+"""What one request's calls cost prfaas_hybrid on the scheduler thread, pinned by what they do:
+
+- a match takes SGLang's key as the scheduler builds it (the request's own token array, capped by
+  RadixKey.limit) without copying it, honours the cap, and its checkpoints then find that same array
+  in the hash memo (nothing to compare);
+- a checkpoint that can give the tree nothing (every full block inside the locked hit, no state on a
+  block boundary) takes no pool request: the lock already pins the hit;
+- the KV slots of a hit whose kv_table rows are not one run come back in order.
+
+Runs on SGLang's real KV allocator (test_cachepool_backend_calls' fixtures, 32-token blocks).
+"""
+from __future__ import annotations
+
+from array import array
+from types import SimpleNamespace as NS
+
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
+from sglang.srt.mem_cache.radix_cache import RadixKey
+
+from prfaas_sgl.srt.cachepool_backend import cache as backend
+from prfaas_sgl.srt.cachepool_backend.mirror import Mirror
+from tests.fast.test_cachepool_backend_calls import CHUNK, FakeKv, _build
+
+
+def _cache():
+    alloc, states, rtp = _build()
+    ctx = NS(params=NS(page_size=1, token_to_kv_pool_allocator=alloc, req_to_token_pool=rtp),
+             server_args=NS(chunked_prefill_size=CHUNK, disaggregation_mode="null"), is_hybrid_ssm=True,
+             is_hybrid_swa=False, enable_hierarchical_cache=False, disable_radix_cache=False)
+    return backend.build(ctx), alloc, rtp
+
+
+def _match(cache, ids: array, rid: str, row: int = 0):
+    req = NS(rid=rid, extra_key=None, cache_salt=None, full_untruncated_fill_ids=ids, kv=FakeKv(row))
+    m = cache.match_prefix(MatchPrefixParams(key=RadixKey(ids, limit=len(ids) - 1), req=req, cow_mamba=True))
+    return req, m
+
+
+def _admit(cache, alloc, rtp, ids: array, rid: str, row: int = 0):
+    """Match, lock and allocate as the scheduler does; returns (req, node, lock receipt)."""
+    req, m = _match(cache, ids, rid, row)
+    node = m.last_device_node
+    lock = cache.inc_lock_ref(node)
+    if not req.kv.holds_mamba:
+        req.kv.mamba_pool_idx = cache._alloc_state()[0]
+    prefix, need = cache.path_device_indices(node), len(ids) - m.device_prefix_len
+    if alloc.available_size() < need:
+        cache.evict(EvictParams(num_tokens=need - alloc.available_size()))
+    rtp.req_to_token[row, :len(ids)] = torch.cat([prefix, alloc.alloc(need)]).to(torch.int32)
+    req.kv.cache_protected_len = len(prefix)
+    return req, node, lock
+
+
+def _release(cache, req, node, lock) -> None:
+    n = len(req.full_untruncated_fill_ids)
+    cache.checkpoint(req, up_to=n)
+    cache.free_kv_row(req.kv, [(req.kv.cache_protected_len, n)])
+    cache.dec_lock_ref(node, lock.to_dec_params())
+    cache.on_release(req, checkpointed=True)
+
+
+def _serve(cache, alloc, rtp, ids: array, rid: str) -> int:
+    req, node, lock = _admit(cache, alloc, rtp, ids, rid)
+    p = req.kv.cache_protected_len
+    for end in range(p + CHUNK, len(ids), CHUNK):
+        cache.checkpoint(req, up_to=end)
+    _release(cache, req, node, lock)
+    return p
+
+
+def test_a_capped_key_is_matched_to_its_cap_and_its_array_is_the_memo_source():
+    """65 tokens served: states at 32 and 64. The same prompt capped at 64 tokens may hit only
+    block [0, 32) (one token of the cap is left to compute); the full array would hit 64. The memo
+    keeps the request's array itself, so its checkpoints compare no tokens."""
+    cache, alloc, rtp = _cache()
+    prompt = array("q", range(100, 165))
+    _serve(cache, alloc, rtp, prompt, "first")
+    ids = array("q", prompt)
+    req, m = _match(cache, ids, "second")
+    assert m.device_prefix_len == 32
+    assert cache.memo._by_rid["second"].source is ids
+    cache.on_release(req, checkpointed=False)
+    cache.check_integrity()
+
+
+def test_a_checkpoint_inside_the_locked_hit_takes_no_pool_request():
+    """A prompt served, then a request extending it by less than a block: its hit is the cached
+    prompt's blocks, so its release checkpoint has nothing to give the tree and admits nothing (only
+    the lock's pin is a pool request). Everything is released and the prompt still hits."""
+    cache, alloc, rtp = _cache()
+    prompt = array("q", range(100, 170))  # 70 tokens: blocks [0, 64), states at 32 and 64
+    _serve(cache, alloc, rtp, prompt, "first")
+    ids = array("q", list(prompt) + [7, 8, 9])
+    req, node, lock = _admit(cache, alloc, rtp, ids, "second")
+    assert req.kv.cache_protected_len == 64
+    cache.checkpoint(req, up_to=len(ids))
+    assert [r for r in cache.pool.request_ids() if not r.startswith("lock:")] == []
+    cache.free_kv_row(req.kv, [(64, len(ids))])
+    cache.dec_lock_ref(node, lock.to_dec_params())
+    cache.on_release(req, checkpointed=True)
+    assert cache.pool.request_ids() == [] and cache.total_size() == 64
+    assert alloc.available_size() + cache.total_size() == alloc.size
+    assert _match(cache, ids, "third")[1].device_prefix_len == 64
+    cache.check_integrity()
+
+
+def test_a_checkpoint_past_the_hit_still_admits_and_stores():
+    """The same request extended past a block boundary does give the tree a block: it is admitted."""
+    cache, alloc, rtp = _cache()
+    prompt = array("q", range(100, 170))
+    _serve(cache, alloc, rtp, prompt, "first")
+    ids = array("q", list(prompt) + list(range(500, 530)))  # 100 tokens: block [64, 96) is new
+    assert _serve(cache, alloc, rtp, ids, "second") == 64
+    assert cache.total_size() == 96
+    cache.check_integrity()
+
+
+def test_the_slots_of_rows_that_are_not_one_run_come_back_in_order():
+    m = Mirror(2, 8, torch.device("cpu"), free_kv=lambda s: None, free_state=lambda s: None)
+    m.kv_table.copy_(torch.arange(16).view(8, 2))
+    assert m.kv_slots_of_rows([3, 4, 7, 1, 2]).tolist() == [6, 7, 8, 9, 14, 15, 2, 3, 4, 5]
+    many = [7 - (i % 8) for i in range(40)]  # more rows than a cat of slices is worth
+    assert m.kv_slots_of_rows(many).tolist() == torch.arange(16).view(8, 2)[many].reshape(-1).tolist()
