@@ -50,6 +50,7 @@ class TierStats:
     dropped: int = 0  # entries no tier kept (no storage, storage full or down)
     storage_errors: int = 0  # storage backend failures (each skips the tier for retry_s)
     loaded_bytes: int = 0  # payload bytes returned by get()
+    storage_attach_failures: int = 0  # attempts to reach a storage tier that was down at start (attach.py)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -58,11 +59,11 @@ class TierStats:
 class TierStack:
     def __init__(self, fp: Fingerprint, host: Optional[HostTier], storage: Optional[StorageBackend],
                  retry_s: float = 5.0, key: Optional[bytes] = None, publish_queue_bytes: int = 0,
-                 call_timeout_s: float = CALL_TIMEOUT_S) -> None:
+                 call_timeout_s: float = CALL_TIMEOUT_S, storage_pending: bool = False) -> None:
         """key: the tier key (auth.py) entries are signed and verified with; None: unsigned, unverified.
         publish_queue_bytes > 0 (with a storage tier): publish() writes through, queued up to that many
-        payload bytes."""
-        if host is None and storage is None:
+        payload bytes. storage_pending: the storage tier is down and attach_storage() may add it later."""
+        if host is None and storage is None and not storage_pending:
             raise ValueError("a tier stack needs a host tier, a storage tier, or both")
         self.fp, self.host, self.storage, self.key = fp, host, storage, key
         self.retry_s, self.call_timeout_s = retry_s, call_timeout_s
@@ -72,7 +73,12 @@ class TierStack:
         self.stats = TierStats()
         self._logged: set[str] = set()
         self.publisher = Publisher(self._put_computed, publish_queue_bytes) \
-            if publish_queue_bytes > 0 and storage is not None else None
+            if publish_queue_bytes > 0 and (storage is not None or storage_pending) else None
+
+    def attach_storage(self, storage: StorageBackend) -> None:
+        """Add the storage tier that was down at start (from the attacher's thread: the scheduler thread
+        reads self.storage once per call, and a reference assignment is atomic)."""
+        self.storage = storage
 
     def counters(self) -> dict[str, int]:
         """Every counter, the publisher's included (a snapshot for /stats and /metrics)."""
@@ -178,10 +184,11 @@ class TierStack:
 
     def _call(self, name: str, failed, *args):
         """storage.<name>(*args); `failed` if it raises (the store is down, restarting, or full)."""
-        if time.monotonic() < self._skip_until:
+        storage = self.storage  # None until a storage tier down at start is attached
+        if storage is None or time.monotonic() < self._skip_until:
             return failed
         try:
-            return self._deadline().call(getattr(self.storage, name), *args)
+            return self._deadline().call(getattr(storage, name), *args)
         except Exception as e:  # any backend failure is a miss: never an exception into the scheduler
             with self._lock:
                 self.stats.storage_errors += 1

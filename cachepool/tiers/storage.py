@@ -10,6 +10,7 @@ TCP with Mooncake's own client (`mooncake.store.MooncakeDistributedStore`).
 """
 from __future__ import annotations
 
+import socket
 from typing import Optional, Protocol
 
 
@@ -32,6 +33,8 @@ class StorageBackend(Protocol):
     def clear(self) -> None: ...
 
 
+# a TCP connect names an absent master at once (refused) or after this long (unroutable)
+PROBE_TIMEOUT_S = 2.0
 NO_SPACE = -200  # measured: a put right after a master restart (segment not remounted yet); the store is up
 
 
@@ -42,10 +45,15 @@ class MooncakeStoreBackend:
 
     def __init__(self, master: str, metadata: str = "P2PHANDSHAKE", local_host: str = "127.0.0.1",
                  segment_bytes: int = 256 << 20, buffer_bytes: int = 64 << 20) -> None:
+        """Raises ConnectionError at once (a TCP connect, PROBE_TIMEOUT_S at most) when nothing listens at
+        `master`, where Mooncake's setup would retry 20 times for ~88 s (measured) first."""
         from mooncake.store import MooncakeDistributedStore
 
         self.master = master
+        _probe(master, PROBE_TIMEOUT_S)
         self._store = MooncakeDistributedStore()
+        # a master that accepts and never answers (SIGSTOPped) still holds setup: Mooncake's setup keeps the
+        # GIL, so no thread of this process can time it out (a join(1 s) did not return in 40 s, measured)
         rc = self._store.setup(local_host, metadata, segment_bytes, buffer_bytes, "tcp", "", master)
         if rc != 0:
             raise ConnectionError(f"Mooncake store setup against master {master} (metadata {metadata}) "
@@ -88,3 +96,15 @@ class MooncakeStoreBackend:
 
     def close(self) -> None:
         self._store.close()
+
+
+def _probe(master: str, timeout_s: float) -> None:
+    """ConnectionError naming the master unless it accepts a TCP connection within timeout_s."""
+    from .auth import host_of
+
+    host, port = host_of(master), int(master.rsplit(":", 1)[-1])
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConnectionError(f"mooncake_master {master} is not reachable ({e.strerror or type(e).__name__}); "
+                              "start it, or fix --prfaas-tier-mooncake-master") from None

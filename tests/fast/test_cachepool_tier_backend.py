@@ -5,6 +5,7 @@ fault (corrupt entry, tier too small, another model's entries) ends the hit earl
 from __future__ import annotations
 
 import os
+import time
 from array import array
 from types import SimpleNamespace as NS
 
@@ -244,5 +245,39 @@ def test_a_hit_is_planned_with_one_exists_rpc_to_the_mooncake_master(tmp_path):
         assert res.device_prefix_len == 2 * CHUNK and cache.tiers.stack.stats.storage_hits == 4
         assert [master.metric(n) - b for n, b in zip(rpcs, before)] == [0, 1]
         cache.tiers.stack.storage.close()  # before the master goes: a client left behind retries for ~10 s
+    finally:
+        master.stop()
+
+
+def test_a_mooncake_master_absent_at_start_is_named_at_once_and_attached_once_it_runs(tmp_path, caplog, monkeypatch):
+    """Mooncake's own setup retries an absent master 20 times (~88 s, measured) before failing, and the
+    server then ran without the store for good. Now it starts at once without it, names the master and
+    why, counts it, and attaches the store when the master comes up (servers and master start in any order)."""
+    from prfaas_sgl.cachepool.tiers.master import MooncakeMaster
+    from prfaas_sgl.srt.cachepool_backend import tier_cache
+
+    monkeypatch.setattr(tier_cache, "STORAGE_RETRY_S", 0.5)
+    master = MooncakeMaster()  # its port is chosen; nothing listens there yet
+    t0 = time.monotonic()
+    cache, mamba, kv, kvcache = _cache(tmp_path, tier_storage="mooncake", tier_mooncake_master=master.addr)
+    assert time.monotonic() - t0 < 3.0
+    stack = cache.tiers.stack
+    assert stack.storage is None and stack.stats.storage_attach_failures >= 1
+    assert master.addr in caplog.text and "not reachable" in caplog.text
+    _compute(cache, mamba, kv, kvcache, PROMPT, seed=10)
+    _evict_all(cache)  # no tier holds anything yet: dropped, and the match below recomputes
+    assert stack.stats.dropped == 4 and _match(cache, PROMPT + [7])[0].device_prefix_len == 0
+    master.start()
+    try:
+        deadline = time.monotonic() + 30
+        while stack.storage is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert stack.storage is not None
+        _evict_all(cache) if cache.mirror.kv_of else None
+        _compute(cache, mamba, kv, kvcache, PROMPT, seed=11)
+        _evict_all(cache)
+        res, _ = _match(cache, PROMPT + [7])
+        assert res.device_prefix_len == 2 * CHUNK and stack.stats.storage_hits == 4
+        stack.storage.close()
     finally:
         master.stop()

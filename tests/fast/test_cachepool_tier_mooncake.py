@@ -106,3 +106,12 @@ def test_a_hung_master_holds_the_caller_no_longer_than_the_call_deadline(master)
     while time.monotonic() < deadline and stack.get(KV, 30, len(PAYLOAD)) is None:
         time.sleep(0.5)
     assert stack.get(KV, 30, len(PAYLOAD)) == PAYLOAD
+
+
+def test_an_absent_master_is_named_at_once():
+    from prfaas_sgl.cachepool.tiers.master import free_port
+
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError, match="not reachable"):
+        MooncakeStoreBackend(f"127.0.0.1:{free_port()}")
+    assert time.monotonic() - t0 < 1.0  # Mooncake's setup alone: ~88 s of retries (measured)

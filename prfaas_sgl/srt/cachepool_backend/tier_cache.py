@@ -25,16 +25,18 @@ is recomputed.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from array import array
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
 from prfaas_sgl.cachepool import BlockRemoved, BlockStored
-from prfaas_sgl.cachepool.tiers import KV, STATE, WINDOW, Fingerprint, HostTier, TierStack
+from prfaas_sgl.cachepool.tiers import KV, STATE, WINDOW, Fingerprint, HostTier, StorageBackend, TierStack
+from prfaas_sgl.cachepool.tiers.attach import StorageAttacher
 from prfaas_sgl.cachepool.tiers.auth import load_key, shared_without_key
 from prfaas_sgl.cachepool.tiers.plan import extension
 
@@ -49,6 +51,8 @@ _ONE_TOKEN = array("q", [0])
 # --prfaas-tier-publish: payload bytes waiting for the store at most (~2,000 entries of the tiny GDN
 # model's 33 KB); past it new entries are dropped and counted rather than held without bound
 PUBLISH_QUEUE_BYTES = 64 << 20
+# a Mooncake master down at start is tried again this often (one TCP connect each while it is down)
+STORAGE_RETRY_S = 10.0
 
 
 def attach(cache, ctx, mode: str):
@@ -76,26 +80,38 @@ def attach(cache, ctx, mode: str):
                      f"|seed={cache.pool.cfg.hash_seed}")
     host = HostTier(cfg.tier_host_bytes) if cfg.tier_host_bytes else None
     key = load_key(cfg.tier_key) if cfg.tier_key else None  # checked at flag parsing: a failure here is a race
-    storage = _storage(cfg, ctx, key)
-    if host is None and storage is None:
+    storage, pending = _storage(cfg, ctx, key)
+    if host is None and storage is None and pending is None:
         return cache
-    publish = PUBLISH_QUEUE_BYTES if cfg.tier_publish and storage is not None else 0
-    cache.tiers = (WindowTiers if sliding else Tiers)(cache, TierStack(fp, host, storage, key=key, publish_queue_bytes=publish), io)
+    publish = PUBLISH_QUEUE_BYTES if cfg.tier_publish and (storage is not None or pending is not None) else 0
+    stack = TierStack(fp, host, storage, key=key, publish_queue_bytes=publish, storage_pending=pending is not None)
+    cache.tiers = (WindowTiers if sliding else Tiers)(cache, stack, io)
+    if pending is not None:  # a Mooncake master down at start: serve without it, attach it once it answers
+        cache.tiers.attacher = StorageAttacher(stack, pending, f"mooncake ({cfg.tier_mooncake_master})",
+                                               STORAGE_RETRY_S)
+        cache.tiers.attacher.first_try()
     if exported():
         cache.tiers.metrics = TierMetrics(cache.tiers.stack.counters, {"tp_rank": str(ctx.tp_rank)}).start()
     log.info("prfaas_hybrid tiers: host %d bytes, storage %s%s, entries %s; entries: KV %d bytes, state %d bytes, "
-             "window %d bytes", cfg.tier_host_bytes, cfg.tier_storage if storage is not None else "none",
+             "window %d bytes", cfg.tier_host_bytes, _storage_state(cfg, stack, pending),
              " (write-through)" if publish else "", "signed (HMAC-SHA256)" if key else "unsigned",
              io.kv_bytes, io.state_bytes, io.window_bytes)
     return cache
 
 
-def _storage(cfg, ctx, key: Optional[bytes]):
-    """The storage tier the flags name, or None: a store others can write and no key to tell our entries
-    from injected ones, or a store down at start (a fault like any other: serve, recompute what it
-    would hold)."""
+def _storage_state(cfg, stack: TierStack, pending) -> str:
+    if stack.storage is not None:
+        return cfg.tier_storage
+    return "none" if pending is None else f"{cfg.tier_storage} (down at start, retried every {STORAGE_RETRY_S:.0f} s)"
+
+
+def _storage(cfg, ctx, key: Optional[bytes]) -> tuple[Optional[StorageBackend], Optional[Callable[[], StorageBackend]]]:
+    """(the storage tier the flags name, None) or (None, None): a store others can write and no key to
+    tell our entries from injected ones, or a file tier that cannot start (a fault like any other: serve,
+    recompute what it would hold). A Mooncake tier is (None, its builder): the attacher tries it at once
+    and again until its master answers (a master is started apart from the servers, in any order)."""
     if cfg.tier_storage == "none":
-        return None
+        return None, None
     shared = None if key else shared_without_key(cfg.tier_storage, cfg.tier_storage_path,
                                                  cfg.tier_mooncake_master, cfg.tier_mooncake_metadata)
     if shared:
@@ -103,14 +119,17 @@ def _storage(cfg, ctx, key: Optional[bytes]):
                   "who can write to it could inject KV this server would load. Create a key with `prfaas keys DIR` "
                   "and pass --prfaas-tier-key DIR/tier.secret on every server sharing the store; serving without it",
                   cfg.tier_storage, shared)
-        return None
+        return None, None
+    build = functools.partial(build_storage, cfg.tier_storage, cfg.tier_storage_path, cfg.tier_storage_bytes,
+                              cfg.tier_mooncake_master, cfg.tier_mooncake_metadata, ctx.tp_rank, ctx.tp_size)
+    if cfg.tier_storage == "mooncake":
+        return None, build
     try:
-        return build_storage(cfg.tier_storage, cfg.tier_storage_path, cfg.tier_storage_bytes,
-                             cfg.tier_mooncake_master, cfg.tier_mooncake_metadata, ctx.tp_rank, ctx.tp_size)
+        return build(), None
     except OSError as e:
         log.warning("prfaas_hybrid tiers: storage tier %r unavailable at start (%s); serving without it",
                     cfg.tier_storage, e)
-        return None
+        return None, None
 
 
 class Tiers:
@@ -121,6 +140,7 @@ class Tiers:
         self._stored: list[tuple[int, int]] = []  # (group, hash) indexed since the last publish_stored()
         self._loading = False  # what a load indexes came from the tiers: not published again
         self.metrics = None  # TierMetrics when the server exports /metrics
+        self.attacher = None  # StorageAttacher while a storage tier down at start is retried
 
     # -- demotion and write-through ------------------------------------------------------------
     def demote(self, events: list) -> None:

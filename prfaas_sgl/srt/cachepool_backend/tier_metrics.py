@@ -11,6 +11,7 @@ to the Prometheus counters every `period_s`, so the hot path never touches prome
     prfaas_tier_refused_total{reason=mac|checksum}
     prfaas_tier_published_total, prfaas_tier_published_bytes_total, prfaas_tier_publish_dropped_total,
     prfaas_tier_publish_failed_total           prfaas_tier_storage_errors_total, prfaas_tier_dropped_total
+    prfaas_tier_storage_attach_failures_total  (a storage tier down at start, retried)
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ METRICS: dict[str, tuple[str, dict[str, str], str]] = {
     "corrupt": ("refused", {"reason": "checksum"}, "Entries refused and dropped: MAC or checksum/header"),
     "dropped": ("dropped", {}, "Demoted entries no tier kept"),
     "storage_errors": ("storage_errors", {}, "Storage backend failures"),
+    "storage_attach_failures": ("storage_attach_failures", {}, "Failed tries to reach a storage tier down at start"),
     "published": ("published", {}, "Entries written through to the storage tier"),
     "published_bytes": ("published_bytes", {}, "Encoded bytes written through to the storage tier"),
     "publish_failed": ("publish_failed", {}, "Write-through puts the store refused or failed"),
