@@ -4,6 +4,8 @@
     OUT/<dc>/00-namespace.yaml   labelled for Pod Security 'restricted' (unless the model is a hostPath)
     OUT/<dc>/10-secrets.yaml   CURVE keys per role, admin token (0600: it holds key material)
     OUT/<dc>/20-servers.yaml   a StatefulSet + headless Service per role
+    OUT/<dc>/25-tier-store.yaml  mooncake_master Deployment + Service, when a pool's storage tier is
+                               mooncake (tiers.py: tier flags, the tier key Secret, their policies)
     OUT/<dc>/30-router.yaml    router ConfigMap, Deployment, Service, RBAC (local datacenter)
     OUT/<dc>/40-networkpolicy.yaml   default deny, ingress and egress, then each flow the pods use
 
@@ -28,7 +30,7 @@ from pathlib import Path
 import yaml
 
 from prfaas_sgl.tools.deploy.config import Deployment
-from prfaas_sgl.tools.deploy.k8s import keys, netpol, router, servers
+from prfaas_sgl.tools.deploy.k8s import keys, netpol, router, servers, tiers
 from prfaas_sgl.tools.deploy.k8s.topology import LOCAL, Model, Topology, host_path_model, model_source, topology
 
 HEADER = "# rendered by `prfaas render k8s`; edit the deployment file and render again\n"
@@ -63,12 +65,13 @@ def manifests(topo: Topology, model: Model, dc: str, out: Path) -> dict[str, lis
         "10-secrets.yaml": secrets,
         "20-servers.yaml": [doc for r in roles for doc in (servers.headless_service(topo, r),
                                                             servers.statefulset(topo, r, model, names.get(r.mode)))],
+        "25-tier-store.yaml": tiers.master_docs(topo, dc),
     }
     if dc == LOCAL:
         cfg = json.dumps(router.router_fields(topo, model), indent=2)
         files["30-router.yaml"] = [router.configmap(topo, cfg), *router.rbac(topo), router.deployment(topo, model),
                                    router.service(topo)]
-    files["40-networkpolicy.yaml"] = netpol.policies(topo, dc)
+    files["40-networkpolicy.yaml"] = netpol.policies(topo, dc) + tiers.policies(topo, dc)
     return {k: v for k, v in files.items() if v}
 
 
@@ -91,6 +94,8 @@ def _secrets(topo: Topology, dc: str, out: Path) -> tuple[list[dict], dict[str, 
             names[role.mode] = keys.SECRET_NAME[role.mode]
     if dc == LOCAL and rendered:
         docs.append(keys.admin_secret(keys.admin_token(out), topo.namespaces[LOCAL]))
+    if rendered and any(tiers.needs_key(r) for r in topo.dc_roles(dc)):
+        docs.append(tiers.key_secret(out, topo.namespaces[dc]))
     return docs, names
 
 

@@ -8,7 +8,7 @@ for its siblings' ordering.
 """
 from __future__ import annotations
 
-from prfaas_sgl.tools.deploy.k8s import pods
+from prfaas_sgl.tools.deploy.k8s import pods, tiers
 from prfaas_sgl.tools.deploy.k8s.topology import Model, Role, Topology, host_path_model
 from prfaas_sgl.tools.launch import ServerSpec, server_args
 
@@ -32,7 +32,7 @@ def sglang_command(topo: Topology, role: Role, model: Model) -> tuple[list[str],
     dep = topo.dep
     spec = ServerSpec(model_path=model.probe_dir, port=role.port, host=POD_IP, mode=role.mode,
                       transfer_backend=dep.transfer_backend, bootstrap_port=role.bootstrap_port,
-                      extra_args=_pod_args(role.args), device=dep.device)
+                      extra_args=tiers.pod_args(topo, role, _pod_args(role.args)), device=dep.device)
     args = server_args(spec)
     i = args.index("--model-path") + 1
     if model.tiny:  # the path holds the spec's digest: let the image's own code say where it built it
@@ -108,6 +108,10 @@ def volumes(topo: Topology, role: Role | None, model: Model, keys_secret: str | 
         vols.append({"name": "curve-keys", "secret": {"secretName": keys_secret, "defaultMode": 0o440,
                                                       "items": secret_items(role.mode)}})
         mounts.append({"name": "curve-keys", "mountPath": path, "readOnly": True})
+    if role:
+        tier_vols, tier_mounts = tiers.volumes(role)
+        vols += tier_vols
+        mounts += tier_mounts
     return vols, mounts
 
 
@@ -127,7 +131,7 @@ def statefulset(topo: Topology, role: Role, model: Model, keys_secret: str | Non
     container = {
         "name": "sglang", "image": topo.image, "command": command, "args": args, "env": server_env(topo, model),
         "ports": container_ports(topo, role), "volumeMounts": mounts, "securityContext": pods.CONTAINER_SECURITY,
-        "resources": pods.resources(topo.dep.k8s, role.pool, topo.dep.device),
+        "resources": tiers.resources(role, pods.resources(topo.dep.k8s, role.pool, topo.dep.device)),
         **probes("http", startup_s=1800),  # loading a large model: up to 30 min
     }
     if topo.dep.device == "cuda":
