@@ -73,6 +73,9 @@ def _install_cache_backend(HookRegistry, HookType) -> None:
     HookRegistry.register(cachepool_backend.CONFIGURE, cachepool_backend.after_configure, HookType.AFTER)
     HookRegistry.register(cachepool_backend.DECODE_CACHE_CHECK, cachepool_backend.around_decode_cache_check,
                           HookType.AROUND)
+    from prfaas_sgl.srt.cachepool_backend import tier_prefetch  # storage-tier prefetch; inert without a prefetcher
+
+    tier_prefetch.register(HookRegistry, HookType)
 
 
 # --- transfer backend ----------------------------------------------------------------------------

@@ -64,6 +64,7 @@ def attach(cache, ctx, mode: str):
         return cache
     from .linear import LinearStateCache
     from .sliding import SlidingWindowCache
+    from .tier_prefetch import enable as enable_prefetch
     from .tier_window import WindowTiers, window_bytes
 
     # a PD prefill loads a hit into slots its request then owns: prfaas_zmq sends the KV of the request's
@@ -90,6 +91,8 @@ def attach(cache, ctx, mode: str):
         cache.tiers.attacher = StorageAttacher(stack, pending, f"mooncake ({cfg.tier_mooncake_master})",
                                                STORAGE_RETRY_S)
         cache.tiers.attacher.first_try()
+    # storage is read on a worker while the request waits (tier_prefetch)
+    enable_prefetch(cache.tiers, ctx.tp_size, storage_later=pending is not None)
     if exported():
         cache.tiers.metrics = TierMetrics(cache.tiers.stack.counters, {"tp_rank": str(ctx.tp_rank)}).start()
     log.info("prfaas_hybrid tiers: host %d bytes, storage %s%s, entries %s; entries: KV %d bytes, state %d bytes, "
