@@ -48,6 +48,10 @@ class FullAttentionManager(GroupManager):
     def new_state(self) -> PagedState:
         return PagedState()
 
+    def hit_blocks(self, hashes: list[int], k: int) -> list[int]:
+        index = self.index
+        return [index[hashes[i]] for i in range(k - 1, -1, -1)]
+
     def acquire_hit(self, st: PagedState, hashes: list[int], k: int) -> None:
         index = self.index
         st.table = [index[h] for h in hashes[:k]]
@@ -157,6 +161,10 @@ class SlidingWindowManager(FullAttentionManager):
             else:
                 run = 0
         return run  # the run that starts at block 0 is shorter than the window: all of it is needed
+
+    def hit_blocks(self, hashes: list[int], k: int) -> list[int]:
+        index = self.index
+        return [index[hashes[i]] for i in range(k - 1, max(0, k - self.window_blocks) - 1, -1)]
 
     def acquire_hit(self, st: PagedState, hashes: list[int], k: int) -> None:
         skip = max(0, k - self.window_blocks)

@@ -4,18 +4,20 @@
 2. No block belongs to two index entries, across all groups.
 3. Index subset of allocated: every indexed block is cached idle or in use, and its owner record
    points back at (manager, hash).
-4. ref[b] == number of request references to b, over all requests and groups.
+4. ref[b] == number of request references to b, over all requests, pins and groups.
 """
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from .block_pool import BlockPool
 from .manager_base import GroupManager
 
 
-def check_pool(pool: BlockPool, managers: Sequence[GroupManager], req_states: Sequence[Sequence[Any]]) -> None:
+def check_pool(pool: BlockPool, managers: Sequence[GroupManager], req_states: Sequence[Sequence[Any]],
+               pins: Iterable[Sequence[Sequence[int]]] = ()) -> None:
+    """pins: per pin, per group, the blocks it references (a lock holds blocks, no request state)."""
     pool.check()
     free = set(pool.free_blocks())
     indexed: dict[int, tuple[str, int]] = {}
@@ -32,5 +34,8 @@ def check_pool(pool: BlockPool, managers: Sequence[GroupManager], req_states: Se
     for states in req_states:
         for m, st in zip(managers, states):
             refs.update(m.held_blocks(st))
+    for held in pins:
+        for blocks in held:
+            refs.update(blocks)
     for b in range(pool.num_blocks):
         assert pool.ref[b] == refs[b], f"block {b}: ref {pool.ref[b]} but {refs[b]} request references"

@@ -71,6 +71,9 @@ class LinearStateManager(GroupManager):
     def new_state(self) -> LinearRequestState:
         return LinearRequestState()
 
+    def hit_blocks(self, hashes: list[int], k: int) -> list[int]:
+        return list(self.index[hashes[k - 1]]) if k else []
+
     def acquire_hit(self, st: LinearRequestState, hashes: list[int], k: int) -> None:
         st.planned = st.committed = k
         if k:

@@ -58,6 +58,10 @@ class GroupManager(ABC):
     def acquire_hit(self, st: Any, hashes: list[int], k: int) -> None:
         """Reference the cached entries a hit of k blocks needs (k came from longest_hit)."""
 
+    @abstractmethod
+    def hit_blocks(self, hashes: list[int], k: int) -> list[int]:
+        """The cached blocks a hit of k blocks references (acquire_hit's), tails first (release order)."""
+
     def mark_state(self, st: Any, num_tokens: int) -> None:
         """The caller holds the request's state at num_tokens once the next grow is computed (linear
         kinds checkpoint it there; others keep no state). 0 clears the mark."""

@@ -47,6 +47,7 @@ class HybridCachePool:
             manager_class(g.kind)(g, cfg, self.blocks, self.events) for g in cfg.groups)
         self._by_name = {m.name: m for m in self.managers}
         self._reqs: dict[str, _Request] = {}
+        self._pins: dict[str, list[list[int]]] = {}  # pin id -> per group, the blocks it references
 
     # -- lookup --------------------------------------------------------------------------------
     def hashes(self, token_ids: Sequence[int]) -> list[int]:
@@ -87,7 +88,7 @@ class HybridCachePool:
         Raises RequestTooLongError (never fits; nothing changed), PoolExhaustedError (retry later;
         nothing changed except the hit's LRU recency), ValueError (duplicate id).
         """
-        if req_id in self._reqs:
+        if req_id in self._reqs or req_id in self._pins:
             raise ValueError(f"request {req_id!r} is already admitted; free() it first")
         if hashes is None:  # else the caller keeps both lists and only appends to them (see grow)
             token_ids = list(token_ids)
@@ -110,14 +111,14 @@ class HybridCachePool:
         """Reference what a hit of the blocks `hashes` names needs in every group, and nothing else: a
         lock on a match (no blocks allocated, nothing to commit). Returns the blocks pinned, fewer than
         len(hashes) if some were evicted since the match. free(req_id) releases them; the request
-        cannot grow. Raises ValueError (duplicate id)."""
-        if req_id in self._reqs:
+        cannot grow. Raises ValueError (duplicate id). A pin is its blocks only (no request state:
+        SGLang locks every match it runs, so this is on each request's path)."""
+        if req_id in self._reqs or req_id in self._pins:
             raise ValueError(f"request {req_id!r} is already admitted; free() it first")
         k = self._hit_blocks(hashes, len(hashes) * self.cfg.block_size + 1)
-        req = _Request(req_id, [], hashes, [m.new_state() for m in self.managers], False)
-        for m, st in zip(self.managers, req.states):
-            m.acquire_hit(st, hashes, k)
-        self._reqs[req_id] = req
+        held = self._pins[req_id] = [m.hit_blocks(hashes, k) for m in self.managers]
+        for blocks in held:
+            self.blocks.incref(blocks)
         return k
 
     def grow(self, req_id: str, num_tokens: int, token_ids: Optional[Sequence[int]] = None,
@@ -165,7 +166,12 @@ class HybridCachePool:
     def free(self, req_id: str) -> None:
         """Release a finished request (or a transfer-bound prefill whose transfer completed):
         cached blocks become evictable, everything else returns to the free list."""
-        self._release(self._reqs.pop(req_id))
+        held = self._pins.pop(req_id, None)
+        if held is None:
+            self._release(self._reqs.pop(req_id))
+            return
+        for blocks in reversed(held):  # as _release: the last group first, tails first
+            self.blocks.decref(blocks)
 
     def evict_lru(self, group: Optional[str] = None) -> bool:
         """Evict the least recently released cached entry (of `group` if given); False if none is
@@ -215,17 +221,19 @@ class HybridCachePool:
         return self.blocks.num_idle(self._by_name[group])
 
     def request_ids(self) -> list[str]:
-        return list(self._reqs)
+        return list(self._reqs) + list(self._pins)
 
     def held(self, req_id: str) -> list[list[int]]:
         """Per group, the blocks the request references (for tests and the storage layer)."""
+        if req_id in self._pins:
+            return [list(blocks) for blocks in self._pins[req_id]]
         req = self._reqs[req_id]
         return [m.held_blocks(st) for m, st in zip(self.managers, req.states)]
 
     def reset(self) -> None:
         """Drop the whole cache; only legal with no admitted requests. Emits AllBlocksCleared."""
-        if self._reqs:
-            raise RuntimeError(f"reset() with {len(self._reqs)} requests admitted; free them first")
+        if self._reqs or self._pins:
+            raise RuntimeError(f"reset() with {len(self._reqs) + len(self._pins)} requests admitted; free them first")
         for m in self.managers:
             m.clear_index()
         self.blocks.reset()
@@ -234,4 +242,4 @@ class HybridCachePool:
 
     def check_integrity(self) -> None:
         """Raise AssertionError on any broken invariant (see integrity.py). O(pool size)."""
-        check_pool(self.blocks, self.managers, [r.states for r in self._reqs.values()])
+        check_pool(self.blocks, self.managers, [r.states for r in self._reqs.values()], self._pins.values())

@@ -210,6 +210,30 @@ def test_a_pin_references_the_hit_and_allocates_nothing():
     assert pool.usage().cached_idle == 8
 
 
+@pytest.mark.parametrize("groups", [(full(), linear()), (full(), swa(6))], ids=["linear", "swa"])
+def test_a_pin_releases_its_hit_in_the_order_an_admitted_request_does(groups):
+    """A pin holds its blocks only (no request state), so its free must leave the LRU exactly as an
+    admitted request holding the same hit leaves it: tails first, the last group first."""
+    tokens, order = list(range(17)), []
+    for way in ("pin", "admit"):
+        pool = make(60, *groups)
+        run(pool, "r", tokens)
+        run(pool, "other", list(range(100, 117)))
+        pool.free("r")
+        pool.free("other")
+        hashes = block_hashes(tokens, BS)
+        if way == "pin":
+            assert pool.pin("p", hashes[:4]) == 4 and pool.request_ids() == ["p"]
+        else:
+            pool.admit("p", tokens[:16] + [99], num_tokens=16)
+        assert sum(map(len, pool.held("p"))) >= 4
+        pool.check_integrity()
+        pool.free("p")
+        pool.check_integrity()
+        order.append(pool.blocks.lru_blocks())
+    assert order[0] == order[1]
+
+
 def test_duplicate_content_keeps_first_copy():
     pool = make(10, full())
     pool.admit("a", list(range(9)))
