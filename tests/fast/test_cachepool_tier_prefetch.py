@@ -16,6 +16,7 @@ from unittest import mock
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
@@ -28,6 +29,7 @@ from prfaas_sgl.config import PrfaasConfig
 from prfaas_sgl.srt import flags
 from prfaas_sgl.srt.cachepool_backend import cache as backend
 from prfaas_sgl.srt.cachepool_backend import tier_prefetch
+from prfaas_sgl.srt.cachepool_backend.tier_metrics import TierMetrics
 
 
 CHUNK, CHUNKS, SLOTS = 32, 8, 12
@@ -171,7 +173,9 @@ def test_a_prefetched_storage_hit_costs_the_scheduler_thread_a_host_copy_only(tm
           [("sync_match", sync_s), ("prefetched_match", pre_s), ("prefetch_start", start_s), ("prefetch_worker", wait_s)]}
     print(f"scheduler-thread ms (median of {len(sync_s)}, load {os.getloadavg()[0]:.1f}): {ms}")
     assert ms["prefetched_match"] < ms["sync_match"] and ms["prefetch_start"] < 5
-    assert pre.tiers.stack.counters()["prefetch_fetched"] == len(sync_s) * ENTRIES
+    reg = CollectorRegistry()  # what /metrics serves: prfaas_tier_prefetched_total
+    TierMetrics(pre.tiers.stack.counters, {"tp_rank": "0"}, registry=reg).sync()
+    assert reg.get_sample_value("prfaas_tier_prefetched_total", {"tp_rank": "0"}) == len(sync_s) * ENTRIES
 
 
 def _storage_calls(stack) -> list:

@@ -12,6 +12,7 @@ to the Prometheus counters every `period_s`, so the hot path never touches prome
     prfaas_tier_published_total, prfaas_tier_published_bytes_total, prfaas_tier_publish_dropped_total,
     prfaas_tier_publish_failed_total           prfaas_tier_storage_errors_total, prfaas_tier_dropped_total
     prfaas_tier_storage_attach_failures_total  (a storage tier down at start, retried)
+    prfaas_tier_prefetched_total, prfaas_tier_prefetched_bytes_total, prfaas_tier_prefetch_abandoned_total
 """
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ METRICS: dict[str, tuple[str, dict[str, str], str]] = {
     "dropped": ("dropped", {}, "Demoted entries no tier kept"),
     "storage_errors": ("storage_errors", {}, "Storage backend failures"),
     "storage_attach_failures": ("storage_attach_failures", {}, "Failed tries to reach a storage tier down at start"),
+    "prefetch_fetched": ("prefetched", {}, "Storage entries read and verified ahead of their request's match"),
+    "prefetch_fetched_bytes": ("prefetched_bytes", {}, "Payload bytes read from storage ahead of the match"),
+    "prefetch_abandoned": ("prefetch_abandoned", {}, "Prefetches still running when their request's hold ran out"),
     "published": ("published", {}, "Entries written through to the storage tier"),
     "published_bytes": ("published_bytes", {}, "Encoded bytes written through to the storage tier"),
     "publish_failed": ("publish_failed", {}, "Write-through puts the store refused or failed"),
