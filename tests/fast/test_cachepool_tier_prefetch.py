@@ -309,3 +309,30 @@ def test_a_request_sits_out_the_batch_pass_while_its_prefetch_runs_and_no_longer
     tier_prefetch.around_batch(batch_pass, sched)
     assert seen[-1] == (["b", "c"], True) and [r.rid for r in sched.waiting_queue] == ["c"]
     assert pf.stats.abandoned == 1 and "b" not in pf._jobs
+
+
+def test_a_sliding_window_prefix_is_prefetched_with_the_windows_its_hit_needs(tmp_path):
+    """A sliding-window hybrid (window 24 tokens: 2 blocks) over SGLang's paged SWA allocator and the file
+    tier: the prefetch stages the 7 KV blocks and the windows of blocks 5-6 only; the match, with storage
+    closed, loads them byte-exact (test_cachepool_tier_swa's set-up)."""
+    from . import test_cachepool_tier_swa as swa
+
+    cache, alloc, kv = swa._cache(tmp_path, tier_storage="file")
+    wanted = swa._prefill(cache, alloc, kv, swa.PROMPT, seed=1)
+    swa._evict_all(cache, alloc)
+    ids = swa.PROMPT + [7] * 30
+    job = cache.tiers.prefetch.start("w", array("q", ids))
+    assert job.done.wait(30) and (job.end, job.fetched) == ("miss", 7 + 2)
+    cache.tiers.stack.scheduling = True
+    try:
+        node = swa._match(cache, ids)
+    finally:
+        cache.tiers.stack.scheduling = False
+    assert len(node.tokens) == 112 and cache.tiers.prefetch.stats.used == 9
+    slots = cache.path_device_indices(node)
+    peers = alloc.full_to_swa_index_mapping[slots]
+    for i, s in enumerate(slots.tolist()):
+        assert torch.equal(swa._at(kv.full_kv_pool, s), wanted[i][0]), i
+        if i >= 80:
+            assert torch.equal(swa._at(kv.swa_kv_pool, int(peers[i])), wanted[i][1]), i
+    swa._nothing_leaked(cache, alloc)
