@@ -59,7 +59,7 @@ class PrefetchStats:
     used: int = 0  # staged entries a match loaded
     fetched: int = 0  # storage entries read, verified and staged
     fetched_bytes: int = 0
-    stage_full: int = 0  # jobs ended because the stage had no room
+    stage_full: int = 0  # jobs ended because the stage had no room (their first entries stay staged)
     evicted: int = 0  # staged entries dropped unused (oldest first, for room)
 
     def as_dict(self) -> dict[str, int]:
@@ -67,34 +67,41 @@ class PrefetchStats:
 
 
 class Staged:
-    """Verified payloads by storage key, bounded in bytes, oldest out first. The worker adds and the
-    scheduler thread takes: every access holds the lock."""
+    """Verified payloads by storage key, bounded in bytes, oldest out first, but never an entry of the job
+    that is adding (a hit needs its prefix from the first block: a job larger than the stage keeps what it
+    staged first and stops). The worker adds and the scheduler thread takes: every access holds the lock."""
 
     def __init__(self, capacity_bytes: int, stats: PrefetchStats) -> None:
         self.capacity, self.used, self._stats = capacity_bytes, 0, stats
-        self._lru: OrderedDict[str, bytes] = OrderedDict()
+        self._lru: OrderedDict[str, tuple[bytes, int]] = OrderedDict()  # key -> (payload, id of the job)
         self._lock = threading.Lock()
 
-    def put(self, key: str, payload: bytes) -> bool:
-        """Stage payload (evicting the oldest entries for room); False if it is larger than the stage."""
+    def put(self, key: str, payload: bytes, job_id: int) -> bool:
+        """Stage payload, evicting older jobs' entries for room; False if there is none."""
         if len(payload) > self.capacity:
             return False
         with self._lock:
-            old = self._lru.pop(key, None)
-            self.used += len(payload) - (len(old) if old is not None else 0)
-            self._lru[key] = payload
-            while self.used > self.capacity:
-                _, b = self._lru.popitem(last=False)
-                self.used -= len(b)
+            self._drop(key)
+            while self.used + len(payload) > self.capacity and self._lru:
+                oldest, (b, owner) = next(iter(self._lru.items()))
+                if owner == job_id:
+                    return False
+                self._drop(oldest)
                 self._stats.evicted += 1
+            self._lru[key] = (payload, job_id)
+            self.used += len(payload)
         return True
 
     def take(self, key: str) -> Optional[bytes]:
         with self._lock:
-            payload = self._lru.pop(key, None)
-            if payload is not None:
-                self.used -= len(payload)
-            return payload
+            return self._drop(key)
+
+    def _drop(self, key: str) -> Optional[bytes]:
+        entry = self._lru.pop(key, None)
+        if entry is None:
+            return None
+        self.used -= len(entry[0])
+        return entry[0]
 
     def __contains__(self, key: str) -> bool:
         with self._lock:
@@ -241,7 +248,7 @@ class Prefetcher:
         if payload is None:
             job.end = "refused"
             return False
-        if not self.staged.put(key, payload):
+        if not self.staged.put(key, payload, id(job)):
             job.end = "full"
             self.stats.stage_full += 1
             return False

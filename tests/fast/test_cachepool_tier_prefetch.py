@@ -219,6 +219,32 @@ def _measure(sync, pre, kvcache, kvcache_p, kv_bytes, sync_s, pre_s, start_s, wa
         pre_s.append(t)
 
 
+def test_a_hit_larger_than_the_host_tier_is_prefetched_whole(tmp_path):
+    """A host tier of one KV entry over the file tier (as the real-server test's 256 KB over Mooncake): the
+    prefetch stages all 15 storage entries of the hit and the match loads every one. Before, the stage was
+    bounded by the host tier's bytes: each entry pushed out the one before and the hit came back empty."""
+    cache, mamba, kv, kvcache = _cache(tmp_path, prefetch=True, tier_storage="file", tier_host_bytes=300_000)
+    kv_bytes = _evicted_to_storage(cache, mamba, kv, kvcache)
+    job = cache.tiers.prefetch.start("r", array("q", AGAIN))
+    assert job.done.wait(30) and (job.end, job.fetched) == ("limit", ENTRIES - 1)  # one KV entry is in the host tier
+    res, _ = _scheduled_match(cache, AGAIN, rid="r")
+    assert res.device_prefix_len == HIT and cache.tiers.prefetch.stats.used == ENTRIES - 1
+    _assert_loaded(cache, kvcache, res, kv_bytes)
+
+
+def test_the_stage_makes_room_from_older_jobs_never_from_the_job_that_adds():
+    """A job larger than the stage keeps what it staged first (a hit needs its prefix from block 0) and
+    stops; the next job's entries push the older job's out, oldest first."""
+    from prfaas_sgl.cachepool.tiers.prefetch import PrefetchStats, Staged
+
+    stage = Staged(300, PrefetchStats())
+    assert stage.put("a0", bytes(100), 1) and stage.put("a1", bytes(100), 1) and stage.put("a2", bytes(100), 1)
+    assert not stage.put("a3", bytes(100), 1) and "a0" in stage and "a3" not in stage
+    assert stage.put("b0", bytes(150), 2) and "a0" not in stage and "a1" not in stage and "a2" in stage
+    assert stage.take("a2") == bytes(100) and stage.used == 150 and stage.take("a2") is None
+    assert not stage.put("c0", bytes(301), 3) and stage.used == 150
+
+
 def test_a_hung_master_never_holds_the_scheduler_thread(tmp_path, master):
     """A SIGSTOPped master accepts connections and never answers. The prefetch's get is stuck on the worker;
     the scheduler thread starts the job, holds the request for hold_s, then matches it without asking

@@ -31,8 +31,8 @@ log = logging.getLogger(__name__)
 
 ENQUEUE = "sglang.srt.managers.scheduler.Scheduler._prefetch_kvcache"
 BATCH = "sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill"
-# the stage's bound without a host tier (with one: its --prfaas-tier-host-bytes, the memory the operator gave
-# the tiers); ~7,800 entries of the tiny GDN model's 33 KB
+# the stage's bound, or --prfaas-tier-host-bytes if larger (the host memory the operator gave the tiers):
+# ~7,800 entries of the tiny GDN model's 33 KB. Entries wait there from their fetch to their match only
 STAGED_BYTES = 256 << 20
 IDLE_WAIT_S = 0.002  # an idle scheduler with held requests sleeps this long per pass instead of spinning
 
@@ -60,7 +60,7 @@ def enable(tiers, tp_size: int, storage_later: bool = False) -> None:
         m = c.mirror  # read each time: a flush replaces it
         return h in (m.kv_of if kind == KV else m.state_of if kind == STATE else m.swa_of)
 
-    staged = stack.host.capacity if stack.host is not None else STAGED_BYTES
+    staged = max(STAGED_BYTES, stack.host.capacity if stack.host is not None else 0)
     tiers.prefetch = Prefetcher(stack, chain, on_device, hold_s=stack.call_timeout_s, staged_bytes=staged)
     tiers.stack = StagedStack(stack, tiers.prefetch)
 
