@@ -82,6 +82,7 @@ class ServerSpec:
     netns: str | None = None  # run inside `ip netns exec NAME` (emulated remote datacenter)
     device: str = "cpu"  # "cuda": none of the CPU flags / environment below
     cpu: CpuShare | None = None  # emulated compute: CPU-time quota and core set (tools/cpu_share.py)
+    fork_children: bool = False  # test servers: SGLang's children forked, not spawned (tools/sglang_forked.py)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -253,7 +254,8 @@ class ManagedProcess:
 class SGLangServer(ManagedProcess):
     def __init__(self, spec: ServerSpec):
         self.spec = spec
-        cmd = [sys.executable, "-m", "sglang.launch_server", *server_args(spec)]
+        entry = "prfaas_sgl.tools.sglang_forked" if spec.fork_children else "sglang.launch_server"
+        cmd = [sys.executable, "-m", entry, *server_args(spec)]
         log = spec.log_path or f"/tmp/prfaas-sglang-{spec.port}.log"
         cpu = (CpuGroup(f"{spec.mode}-{spec.port}", spec.cpu, cap_when_healthy=True) if spec.cpu is not None
                else None)
