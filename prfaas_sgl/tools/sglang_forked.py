@@ -7,9 +7,11 @@ server start (measured one server at a time, 13:33-13:36 UTC, load 7.6 -> 3.5: t
 spawned vs 22.6 s forked, the hybrid GDN model 52.1 s vs 21.7 s, the same greedy tokens). Forked children
 inherit the imported modules.
 
-For test servers only (tests/sglang/conftest.py spec()): the parent has started threads by the time it
-launches its children (the PD bootstrap server among them), which fork does not carry over; SGLang was not
-written for that, so deployments keep its spawn.
+For test servers only (ServerSpec.fork_children; tests/sglang/conftest.py FORKED names the modules whose
+servers use it): the parent has started threads by the time it launches its children (the PD bootstrap
+server among them), which fork does not carry over, and state picked at import before SGLang's launch set
+its environment stays as picked (prometheus_client's, re-picked below); SGLang was not written for that, so
+deployments keep its spawn.
 """
 from __future__ import annotations
 

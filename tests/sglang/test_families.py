@@ -22,7 +22,7 @@ from prfaas_sgl.tools.launch import free_port
 from prfaas_sgl.tools.models.tiny import ensure
 from router.kv_accounting import Dtypes, account_path
 
-from .conftest import Farm, spec
+from .conftest import Farm, forked, spec
 from .layerwise import check_layerwise
 from .layerwise import prefill_spec as layerwise_prefill_spec
 from .pd import generate_body, pd_generate, post
@@ -84,7 +84,7 @@ def _specs(log_dir: Path, model: str) -> dict:
 def family(request, log_dir):
     specs = _specs(log_dir, request.param)
     stats_urls = specs.pop("stats_urls")
-    farm = Farm(specs).start()
+    farm = Farm(specs, fork=forked(request)).start()
     try:
         yield request.param, str(ensure(request.param)), farm, stats_urls
     finally:

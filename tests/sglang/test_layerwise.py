@@ -9,7 +9,7 @@ import pytest
 from prfaas_sgl.tools.launch import free_port
 from prfaas_sgl.tools.models.tiny import ensure
 
-from .conftest import HYBRID, LLAMA, Farm, reference_spec, spec
+from .conftest import HYBRID, LLAMA, Farm, forked, reference_spec, spec
 from .layerwise import ZMQ, check_layerwise, prefill_spec
 
 pytestmark = pytest.mark.sglang
@@ -28,7 +28,7 @@ def _specs(log_dir, model: str, stats: int) -> dict:
 @pytest.fixture(scope="module", params=[LLAMA, HYBRID])
 def family(request, log_dir, shared_servers):
     stats = free_port()
-    farm = Farm(_specs(log_dir, request.param, stats), ("colocated",), shared_servers).start()
+    farm = Farm(_specs(log_dir, request.param, stats), ("colocated",), shared_servers, forked(request)).start()
     try:
         yield request.param, str(ensure(request.param)), farm, f"http://127.0.0.1:{stats}/stats"
     finally:
