@@ -23,9 +23,9 @@ waits for a core, and a parallel torch region waits for a second core held by an
 stalls measured on 8K-element gathers at load 2 on 2 cores); `--clock wall --threads 0` measures that
 instead (0: torch's default). Matches are the median of --match-calls calls.
 
-"before" is our code at --base-rev (extracted with `git archive` and imported in a worker process in
-its place), "after" the working tree, "sglang" `UnifiedRadixCache` FULL+MAMBA (what 0.5.23 builds for
-hybrid GDN models; page 1, as its no_buffer strategy requires). Seeded; workers run one at a time.
+"before": our code at --base-rev (`git archive`, imported in a worker in its place), "after" the working
+tree, "sglang" `UnifiedRadixCache` FULL+MAMBA (0.5.23's build for hybrid GDN; page 1, as no_buffer needs),
+each chunk end's state a copy of the request's, as its checkpoint makes it. Seeded; one worker at a time.
 
 Run:  .venv/bin/python scripts/bench_cachepool_gpu_sizes.py --kv-tokens 500000 2000000 --out out/bench_cachepool_gpu_sizes.json
 """
@@ -148,8 +148,7 @@ class Ours:
             c.evict(EvictParams(num_tokens=need - self.alloc.available_size()))
         self.pool.req_to_token[0, :len(ids)] = __import__("torch").cat([prefix, self.alloc.alloc(need)])
         kv.cache_protected_len = p = len(prefix)
-        # the first chunk ends at the branch point the match reported, as --prfaas-unified-pool's
-        # admission cuts it (slab_admission.py); later chunks run on from there
+        # the first chunk ends at the match's branch point (--prfaas-unified-pool: slab_admission.py)
         branch = getattr(m, "mamba_branching_seqlen", None)
         first = [branch] if branch is not None and p < branch < len(ids) else []
         for up_to in first + list(range((first or [p])[0] + self.chunk, len(ids), self.chunk)):
@@ -191,9 +190,8 @@ class Sglang:
         return s
 
     def serve(self, ids: array, rid: str, times: dict | None = None) -> int:
-        """One request, as the scheduler runs it: a state is cached at each chunk end counted from the
-        hit, at the branching point the match reported (SGLang's mamba_branching_seqlen, so the next
-        request sharing the prefix hits there) and at the end. Returns the tokens its match hit."""
+        """One request, as the scheduler runs it: a state is cached at each chunk end counted from the hit,
+        at the match's branching point (mamba_branching_seqlen) and at the end; returns the hit."""
         import torch
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
         from sglang.srt.mem_cache.radix_cache import RadixKey
@@ -211,6 +209,8 @@ class Sglang:
         for end in sorted(ends):
             t0 = NOW()
             state = own if end == len(ids) else self._slot()
+            if end < len(ids):  # an unfinished request's state is forked (MambaComponent.prepare_for_caching_req)
+                self.pool.mamba_pool.copy_from(*map(self.pool.translate_mamba_indices, (own, state)))
             r = self.cache.insert(InsertParams(key=RadixKey(ids[:end]), value=values[:end], mamba_value=state,
                                                prev_prefix_len=prev))
             if r.mamba_exist:

@@ -116,6 +116,24 @@ def test_a_checkpoint_past_the_hit_still_admits_and_stores():
     cache.check_integrity()
 
 
+def test_a_release_less_than_a_block_past_the_last_chunk_end_does_not_grow_the_pool_request():
+    """A chunk end stored block [64, 96) and its state; the release at 100 tokens has no new full block
+    and no state on a block boundary, so the pool request is neither grown nor committed again."""
+    cache, alloc, rtp = _cache()
+    prompt = array("q", range(100, 170))
+    _serve(cache, alloc, rtp, prompt, "first")
+    ids = array("q", list(prompt) + list(range(500, 530)))  # 100 tokens
+    req, node, lock = _admit(cache, alloc, rtp, ids, "second")
+    cache.checkpoint(req, up_to=96)  # the chunk end: block [64, 96) and a state at 96
+    grows = []
+    real_grow = cache.pool.grow
+    cache.pool.grow = lambda *a, **k: (grows.append(a), real_grow(*a, **k))[1]
+    _release(cache, req, node, lock)
+    assert grows == [] and cache.total_size() == 96
+    assert _match(cache, ids + array("q", [1]), "third")[1].device_prefix_len == 96
+    cache.check_integrity()
+
+
 def test_the_slots_of_rows_that_are_not_one_run_come_back_in_order():
     m = Mirror(2, 8, torch.device("cpu"), free_kv=lambda s: None, free_state=lambda s: None)
     m.kv_table.copy_(torch.arange(16).view(8, 2))

@@ -245,11 +245,14 @@ class PrfaasHybridCache(BasePrefixCache):
             self._free_state(insert.state)
 
     def _offers_nothing(self, req, length: int, up_to: int) -> bool:
-        """Whether a checkpoint of [0, up_to) can give the tree nothing: no pool request yet, every
-        full block in the hit the lock pins, and no state (off a block boundary). Admitting would
-        only pin the hit twice: a request extending a cached prompt by less than a block."""
-        return (up_to != length and req.kv.req_pool_idx not in self._reqs
-                and length <= getattr(req.kv, "cache_protected_len", 0))
+        """Whether a checkpoint of [0, up_to) can give the tree nothing: no state (off a block
+        boundary) and every full block already offered, by an earlier checkpoint or, before the
+        first, in the hit the lock pins (admitting would only pin it twice). Most releases: a
+        request ending less than a block past its hit or its last chunk end."""
+        if up_to == length:
+            return False
+        ent = self._reqs.get(req.kv.req_pool_idx)
+        return length <= (ent.offered * self.bs if ent is not None else getattr(req.kv, "cache_protected_len", 0))
 
     def _grow(self, req, seen, n: int, mark: bool) -> Entry:
         """The request's pool request covering blocks [0, n): admitted at its first checkpoint."""
