@@ -87,6 +87,22 @@ def test_random_prompt_trees_over_the_tiers_match_no_cache(farm, model_paths):
     assert "AssertionError" not in _log(farm)
 
 
+def test_a_storage_hit_is_prefetched_while_the_request_waits(farm, model_paths):
+    """The storage part of a hit is read and verified on the prefetch worker as the request enters the
+    queue (tier_prefetch); the scheduler thread's match then loads staged entries and the host tier only.
+    Greedy tokens equal the no-cache server's."""
+    url, hybrid = farm["mooncake"].url, model_paths["hybrid"]
+    prompts = [prompt_ids(hybrid, 600, seed=1900 + i) for i in range(4)]
+    for p in prompts:
+        _gen(url, p)
+    again = prompts[0] + prompt_ids(hybrid, 20, seed=1950)
+    out = post(url + "/generate", {**generate_body(again, NEW), "rid": "prefetch-probe"})
+    assert out["meta_info"]["cached_tokens"] == 576, out["meta_info"]
+    assert out["output_ids"] == _gen(farm["nocache"].url, again)["output_ids"]
+    staged = re.search(r"tier prefetch for prefetch-probe: (\d+) entries staged", _log(farm, "mooncake"))
+    assert staged and int(staged.group(1)) > 0, "the storage entries were not prefetched"
+
+
 def test_with_the_mooncake_master_gone_the_server_recomputes(farm, model_paths):
     """Store down mid-run: a prompt whose chunks were demoted to Mooncake is recomputed (or served from
     what the host tier still has), with the no-cache server's tokens, without a hang."""
