@@ -50,6 +50,10 @@ class BlockPool:
         """Blocks of `owner`'s index that no request references (evictable now). O(1)."""
         return self._idle.get(owner, 0)
 
+    def idle_counts(self) -> dict:
+        """The live owner -> idle-blocks dict num_idle reads (cleared in place, never replaced)."""
+        return self._idle
+
     def num_available(self) -> int:
         """Blocks an allocation may take now: free plus evictable."""
         return len(self._free) + len(self._lru)

@@ -12,7 +12,8 @@ Request lifecycle (the scheduler's thread only):
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Optional
 
 from .allocation import Allocation, PoolUsage
@@ -214,6 +215,11 @@ class HybridCachePool:
                     for m, st in zip(self.managers, r.states) for b in m.held_blocks(st)
                     if bp.owner[b] is None}
         return PoolUsage(bp.num_blocks, free, idle, bp.num_blocks - free - idle, len(transfer))
+
+    def idle_counter(self, group: str) -> Callable[[], int]:
+        """idle_blocks(group) as a callable with no Python frame of its own (a bound dict.get): the
+        SGLang backend's size queries run several times per scheduler step."""
+        return partial(self.blocks.idle_counts().get, self._by_name[group], 0)
 
     def idle_blocks(self, group: str) -> int:
         """Cached blocks of `group` that no request references (evictable now). O(1): read on every

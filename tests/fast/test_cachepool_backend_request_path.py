@@ -134,6 +134,21 @@ def test_a_release_less_than_a_block_past_the_last_chunk_end_does_not_grow_the_p
     cache.check_integrity()
 
 
+def test_size_queries_read_the_pool_of_the_moment_across_a_reset():
+    """The size queries read the pool's idle counters through callables bound at reset: after a
+    flush (reset) they must read the new pool, not the old one's counts."""
+    cache, alloc, rtp = _cache()
+    _serve(cache, alloc, rtp, array("q", range(100, 170)), "first")
+    assert cache.evictable_size() == cache.pool.idle_blocks("full") * cache.bs == 64
+    assert cache.mamba_evictable_size() == cache.pool.idle_blocks("linear") == 2
+    assert cache.protected_size() == 0
+    cache.reset()
+    assert cache.evictable_size() == cache.mamba_evictable_size() == cache.protected_size() == 0
+    _serve(cache, alloc, rtp, array("q", range(300, 340)), "second")
+    assert cache.evictable_size() == cache.pool.idle_blocks("full") * cache.bs == 32
+    assert cache.mamba_evictable_size() == cache.pool.idle_blocks("linear") == 1
+
+
 def test_the_slots_of_rows_that_are_not_one_run_come_back_in_order():
     m = Mirror(2, 8, torch.device("cpu"), free_kv=lambda s: None, free_state=lambda s: None)
     m.kv_table.copy_(torch.arange(16).view(8, 2))

@@ -99,6 +99,7 @@ class PrfaasHybridCache(BasePrefixCache):
         pool = self.pool = HybridCachePool(PoolConfig(self.cfg.num_blocks, self.bs, self._groups(),
                                                       enable_events=True, event_token_ids=False))
         self.mirror = self._mirror(pool)
+        self._full_idle = pool.idle_counter(FULL)
         self.memo = HashMemo(self.bs, pool.cfg.hash_seed)
         self._reqs: dict[int, Entry] = {}  # by req_pool_idx (unique while the row is held)
         self.root_node = Node(array("q"), ())
@@ -344,12 +345,12 @@ class PrfaasHybridCache(BasePrefixCache):
     # SGLang reads these several times per scheduler step: each is O(1) (the pool keeps per-group
     # idle counters; a linear state is one pool block, see linear.py)
     def evictable_size(self) -> int:
-        return self.pool.idle_blocks(FULL) * self.bs
+        return self._full_idle() * self.bs
 
     full_evictable_size = evictable_size
 
     def protected_size(self) -> int:
-        return len(self.mirror.kv_of) * self.bs - self.evictable_size()
+        return (len(self.mirror.kv_of) - self._full_idle()) * self.bs
 
     full_protected_size = protected_size
 

@@ -128,8 +128,12 @@ class LinearStateCache(PrfaasHybridCache):
         return slot
 
     # -- sizes ----------------------------------------------------------------------------------
+    def reset(self) -> None:
+        super().reset()
+        self._linear_idle = self.pool.idle_counter(LINEAR)
+
     def mamba_evictable_size(self) -> int:
-        return self.pool.idle_blocks(LINEAR)
+        return self._linear_idle()
 
 
 def _state_is_up_to(req, up_to: int) -> bool:
