@@ -260,16 +260,17 @@ def test_a_hung_master_never_holds_the_scheduler_thread(tmp_path, master):
     try:
         t0 = time.perf_counter()
         job = pf.start("stuck", array("q", AGAIN))
-        assert pf.holding("stuck") and time.perf_counter() - t0 < 0.05
+        # bounds far below one storage call on this thread (>= the 5 s deadline), far above a loaded machine's jitter
+        assert pf.holding("stuck") and time.perf_counter() - t0 < 0.5
         time.sleep(0.6)  # the hold runs out; the worker's get is still unanswered
         t1 = time.perf_counter()
         assert not pf.holding("stuck") and not job.done.is_set()
         res, t = _scheduled_match(cache, AGAIN, rid="stuck")
-        assert res.device_prefix_len == 0 and time.perf_counter() - t1 < 0.5, t  # a storage call: >= 5 s
+        assert res.device_prefix_len == 0 and time.perf_counter() - t1 < 1.0, t
         assert pf.stats.abandoned == 1 and job.cancelled
     finally:
         os.kill(master.proc.pid, signal.SIGCONT)
-    deadline, n = time.monotonic() + 60, 0
+    deadline, n = time.monotonic() + 90, 0
     while time.monotonic() < deadline:  # the stuck call returns, then the back-off passes
         n += 1
         job = pf.start(f"again{n}", array("q", AGAIN))
