@@ -27,9 +27,15 @@ LLAMA = "tiny-llama"
 STOP_GRACE_S = 1.0
 # The servers of these modules fork SGLang's scheduler and detokenizer instead of spawning them
 # (prfaas_sgl/tools/sglang_forked.py): each spawned child imports SGLang and torch again, and a 5-server farm
-# of test_families was healthy after 54 s forked against 149 s spawned (CI at 794f858). The modules listed
-# have passed with forked children (13:40-13:55 UTC); the others keep SGLang's spawn until they have.
-FORKED = frozenset({"test_families", "test_prfaas_zmq", "test_router_e2e", "test_unified_pool"})
+# of test_families was healthy after 54 s forked against 149 s spawned (CI at 794f858). Every module started
+# through a farm forks; SGLang's own spawn path stays covered by test_chaos (its servers are started the way
+# `prfaas up` starts them: ServerSpec without fork_children) and test_plugin_cli.
+FORKED = frozenset({
+    "test_cachepool_pd", "test_cachepool_sglang", "test_cachepool_tiers", "test_cachepool_tiers_shared",
+    "test_cachepool_tiers_swa", "test_cross_cluster", "test_families", "test_layerwise",
+    "test_prfaas_zmq", "test_prfaas_zmq_dense", "test_prfaas_zmq_faults", "test_prfaas_zmq_optimistic",
+    "test_router_decode_cache", "test_router_e2e", "test_serving_cpu", "test_unified_pool",
+})
 
 
 class SharedServers:
