@@ -2,8 +2,8 @@
 16 on CPU (as test_cachepool_backend_swa_paged.py) with real full and SWA KV buffers: what the device pool
 evicts is demoted (a KV entry and a window entry per block), a later match loads the full KV back and the
 window pages of the blocks the hit needs byte-exact, a corrupt window ends the hit one boundary early, and
-every full and SWA page is free or held by exactly what should hold it afterwards. Before issue 28's SWA
-slice the tier flags refused every sliding-window server at start-up (all of these failed there)."""
+every full and SWA page is free or held by exactly what should hold it afterwards. Before this
+change the tier flags refused every sliding-window server at start-up (all of these failed there)."""
 from __future__ import annotations
 
 from array import array
