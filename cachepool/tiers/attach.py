@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 class StorageAttacher:
     def __init__(self, stack: TierStack, build: Callable[[], StorageBackend], what: str, retry_s: float) -> None:
-        """build(): a connected backend, or raises OSError (ConnectionError) within a bounded time."""
+        """build(): a connected backend, or raises OSError (ConnectionError) within a bounded time (Mooncake:
+        a TCP connect, then setup in a child process killed at storage.SETUP_PROBE_TIMEOUT_S)."""
         self.stack, self._build, self.what, self.retry_s = stack, build, what, retry_s
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None

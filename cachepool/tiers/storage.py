@@ -11,6 +11,8 @@ TCP with Mooncake's own client (`mooncake.store.MooncakeDistributedStore`).
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from typing import Optional, Protocol
 
 
@@ -35,6 +37,9 @@ class StorageBackend(Protocol):
 
 # a TCP connect names an absent master at once (refused) or after this long (unroutable)
 PROBE_TIMEOUT_S = 2.0
+# a child's Mooncake setup against a healthy master takes ~0.15 s (interpreter + import + setup, measured on
+# 2 idle cores); a stopped master holds it until the child is killed at this bound
+SETUP_PROBE_TIMEOUT_S = 5.0
 NO_SPACE = -200  # measured: a put right after a master restart (segment not remounted yet); the store is up
 
 
@@ -46,14 +51,15 @@ class MooncakeStoreBackend:
     def __init__(self, master: str, metadata: str = "P2PHANDSHAKE", local_host: str = "127.0.0.1",
                  segment_bytes: int = 256 << 20, buffer_bytes: int = 64 << 20) -> None:
         """Raises ConnectionError at once (a TCP connect, PROBE_TIMEOUT_S at most) when nothing listens at
-        `master`, where Mooncake's setup would retry 20 times for ~88 s (measured) first."""
+        `master`, where Mooncake's setup would retry 20 times for ~88 s (measured) first, and within
+        SETUP_PROBE_TIMEOUT_S when it accepts and does not answer (stopped), where setup would never return."""
         from mooncake.store import MooncakeDistributedStore
 
         self.master = master
         _probe(master, PROBE_TIMEOUT_S)
+        _probe_setup(master, metadata, local_host, SETUP_PROBE_TIMEOUT_S)
         self._store = MooncakeDistributedStore()
-        # a master that accepts and never answers (SIGSTOPped) still holds setup: Mooncake's setup keeps the
-        # GIL, so no thread of this process can time it out (a join(1 s) did not return in 40 s, measured)
+        # a master that hangs between the probe and here still holds this setup (it keeps the GIL)
         rc = self._store.setup(local_host, metadata, segment_bytes, buffer_bytes, "tcp", "", master)
         if rc != 0:
             raise ConnectionError(f"Mooncake store setup against master {master} (metadata {metadata}) "
@@ -108,3 +114,31 @@ def _probe(master: str, timeout_s: float) -> None:
     except OSError as e:
         raise ConnectionError(f"mooncake_master {master} is not reachable ({e.strerror or type(e).__name__}); "
                               "start it, or fix --prfaas-tier-mooncake-master") from None
+
+
+# Run by a child interpreter: Mooncake's setup keeps the GIL while it waits for the master, so no thread of
+# this process can time it out (a join(1 s) did not return in 40 s, measured); a child can be killed. No
+# segment is mounted (nothing can be placed in a client about to vanish) and the child exits without
+# close(), which waits ~1 s for Mooncake's threads; the master drops the client after its TTL.
+_SETUP_IN_CHILD = """
+import os, sys
+from mooncake.store import MooncakeDistributedStore
+store = MooncakeDistributedStore()  # held: its destructor is the ~1 s close()
+print(store.setup(sys.argv[1], sys.argv[2], 0, 0, "tcp", "", sys.argv[3]), flush=True)
+os._exit(0)
+"""
+
+
+def _probe_setup(master: str, metadata: str, local_host: str, timeout_s: float) -> None:
+    """ConnectionError unless a child process's Mooncake client sets up against `master` within timeout_s
+    (the child is killed then). The child prints setup's return code (0: set up) and exits 0 either way."""
+    try:
+        out = subprocess.run([sys.executable, "-c", _SETUP_IN_CHILD, local_host, metadata, master],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             timeout=timeout_s).stdout
+    except subprocess.TimeoutExpired:
+        raise ConnectionError(f"mooncake_master {master} accepts connections but a client's setup got no answer "
+                              f"within {timeout_s} s (stopped or overloaded?)") from None
+    if out.strip() != b"0":
+        raise ConnectionError(f"Mooncake store setup against master {master} (metadata {metadata}) failed in a "
+                              f"probe process (answer {out.strip()[-40:]!r}); is mooncake_master running there?")

@@ -5,6 +5,7 @@ fault (corrupt entry, tier too small, another model's entries) ends the hit earl
 from __future__ import annotations
 
 import os
+import signal
 import time
 from array import array
 from types import SimpleNamespace as NS
@@ -280,4 +281,43 @@ def test_a_mooncake_master_absent_at_start_is_named_at_once_and_attached_once_it
         assert res.device_prefix_len == 2 * CHUNK and stack.stats.storage_hits == 4
         stack.storage.close()
     finally:
+        master.stop()
+
+
+def test_a_mooncake_master_that_never_answers_at_start_holds_start_up_only_for_the_probe(tmp_path, caplog,
+                                                                                        monkeypatch):
+    """Regression (issue 28, "never a hang"): a stopped master accepts connections and never answers;
+    Mooncake's setup, which keeps the GIL, then held the server's start-up for good. Its setup is now
+    probed in a child process killed at SETUP_PROBE_TIMEOUT_S: the server starts without the store,
+    counts and names it, and the attach thread, probing the same way, attaches it after SIGCONT."""
+    from prfaas_sgl.cachepool.tiers import storage
+    from prfaas_sgl.cachepool.tiers.master import MooncakeMaster
+    from prfaas_sgl.srt.cachepool_backend import tier_cache
+
+    monkeypatch.setattr(tier_cache, "STORAGE_RETRY_S", 0.5)
+    monkeypatch.setattr(storage, "SETUP_PROBE_TIMEOUT_S", 1.0)
+    master = MooncakeMaster().start()
+    os.kill(master.proc.pid, signal.SIGSTOP)
+    cache = None
+    try:
+        t0 = time.monotonic()
+        cache, mamba, kv, kvcache = _cache(tmp_path, tier_storage="mooncake", tier_mooncake_master=master.addr)
+        assert time.monotonic() - t0 < 3.0
+        stack = cache.tiers.stack
+        assert stack.storage is None and stack.stats.storage_attach_failures >= 1
+        assert master.addr in caplog.text and "no answer" in caplog.text
+        os.kill(master.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while stack.storage is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert stack.storage is not None
+        _compute(cache, mamba, kv, kvcache, PROMPT, seed=12)
+        _evict_all(cache)
+        res, _ = _match(cache, PROMPT + [7])
+        assert res.device_prefix_len == 2 * CHUNK and stack.stats.storage_hits == 4
+        stack.storage.close()
+    finally:
+        if cache is not None:
+            cache.tiers.attacher.stop()
+        os.kill(master.proc.pid, signal.SIGCONT)
         master.stop()

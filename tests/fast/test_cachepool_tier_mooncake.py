@@ -115,3 +115,37 @@ def test_an_absent_master_is_named_at_once():
     with pytest.raises(ConnectionError, match="not reachable"):
         MooncakeStoreBackend(f"127.0.0.1:{free_port()}")
     assert time.monotonic() - t0 < 1.0  # Mooncake's setup alone: ~88 s of retries (measured)
+
+
+def test_a_master_that_accepts_and_never_answers_at_setup_is_named_within_the_probe_bound(master):
+    """Regression (issue 28, "never a hang"): a stopped master accepts TCP connections, so the connect probe
+    passes, and Mooncake's setup then never returned; it keeps the GIL, so no thread could bound it. The
+    setup is tried first in a child process, killed at SETUP_PROBE_TIMEOUT_S (none left behind); once the
+    master runs again the backend sets up and an entry round-trips."""
+    from prfaas_sgl.cachepool.tiers.storage import SETUP_PROBE_TIMEOUT_S
+
+    os.kill(master.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ConnectionError, match=f"{master.addr} accepts connections but .* no answer"):
+            MooncakeStoreBackend(master.addr)
+        assert SETUP_PROBE_TIMEOUT_S <= time.monotonic() - t0 < SETUP_PROBE_TIMEOUT_S + 2.0
+        assert _children() == {master.proc.pid}
+    finally:
+        os.kill(master.proc.pid, signal.SIGCONT)
+    store = MooncakeStoreBackend(master.addr)
+    assert store.put("after-sigcont", PAYLOAD) and store.get("after-sigcont", len(PAYLOAD)) == PAYLOAD
+    store.close()
+
+
+def _children() -> set[int]:
+    """Pids of this process's live children (zombies included: a child not waited for is one left behind)."""
+    pids = set()
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                    pids.add(int(d))
+        except (OSError, ValueError, IndexError):
+            continue
+    return pids
