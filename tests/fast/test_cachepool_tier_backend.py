@@ -286,7 +286,7 @@ def test_a_mooncake_master_absent_at_start_is_named_at_once_and_attached_once_it
 
 def test_a_mooncake_master_that_never_answers_at_start_holds_start_up_only_for_the_probe(tmp_path, caplog,
                                                                                         monkeypatch):
-    """Regression (issue 28, "never a hang"): a stopped master accepts connections and never answers;
+    """Regression ("never a hang"): a stopped master accepts connections and never answers;
     Mooncake's setup, which keeps the GIL, then held the server's start-up for good. Its setup is now
     probed in a child process killed at SETUP_PROBE_TIMEOUT_S: the server starts without the store,
     counts and names it, and the attach thread, probing the same way, attaches it after SIGCONT."""

@@ -118,7 +118,7 @@ def test_an_absent_master_is_named_at_once():
 
 
 def test_a_master_that_accepts_and_never_answers_at_setup_is_named_within_the_probe_bound(master):
-    """Regression (issue 28, "never a hang"): a stopped master accepts TCP connections, so the connect probe
+    """Regression ("never a hang"): a stopped master accepts TCP connections, so the connect probe
     passes, and Mooncake's setup then never returned; it keeps the GIL, so no thread could bound it. The
     setup is tried first in a child process, killed at SETUP_PROBE_TIMEOUT_S (none left behind); once the
     master runs again the backend sets up and an entry round-trips."""
