@@ -304,16 +304,7 @@ class StagedStack:
             s.stats.storage_hits += 1
             self.prefetcher.stats.used += 1
             return s._loaded(payload)
-        if not self.scheduling:
-            return s.get(kind, block_hash, payload_bytes)
-        blob = s.host.get(key) if s.host is not None else None  # TierStack.get without its storage read
-        if blob is not None:
-            payload = s._verified(kind, block_hash, blob, payload_bytes, key, from_host=True)
-            if payload is not None:
-                s.stats.host_hits += 1
-                return s._loaded(payload)
-        s.stats.misses += 1
-        return None
+        return s.get(kind, block_hash, payload_bytes, storage=not self.scheduling)
 
     def clear_host(self) -> None:
         self._stack.clear_host()

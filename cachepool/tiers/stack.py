@@ -130,8 +130,9 @@ class TierStack:
             found.update(kh for (kh, _), hit in zip(ask, answers) if hit)
         return found
 
-    def get(self, kind: int, block_hash: int, payload_bytes: int) -> Optional[bytes]:
-        """The verified payload of the entry, or None (absent, corrupt, storage down)."""
+    def get(self, kind: int, block_hash: int, payload_bytes: int, storage: bool = True) -> Optional[bytes]:
+        """The verified payload of the entry, or None (absent, corrupt, storage down). `storage=False` reads
+        the host tier only (a batch pass under prefetch makes no storage call on the scheduler thread)."""
         key = self.fp.key(kind, block_hash)
         blob = self.host.get(key) if self.host is not None else None
         if blob is not None:
@@ -139,7 +140,7 @@ class TierStack:
             if payload is not None:
                 self.stats.host_hits += 1
                 return self._loaded(payload)
-        if self.storage is not None:
+        if storage and self.storage is not None:
             blob = self._call("get", None, key, entry_size(payload_bytes))
             if blob is not None:
                 payload = self._verified(kind, block_hash, blob, payload_bytes, key, from_host=False)
