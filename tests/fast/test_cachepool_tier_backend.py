@@ -250,6 +250,14 @@ def test_a_hit_is_planned_with_one_exists_rpc_to_the_mooncake_master(tmp_path):
         master.stop()
 
 
+def _wait_attached(stack, timeout_s: float = 30.0) -> None:
+    """Until the attach thread has attached the storage tier (it retries every STORAGE_RETRY_S)."""
+    deadline = time.monotonic() + timeout_s
+    while stack.storage is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert stack.storage is not None
+
+
 def test_a_mooncake_master_absent_at_start_is_named_at_once_and_attached_once_it_runs(tmp_path, caplog, monkeypatch):
     """Mooncake's own setup retries an absent master 20 times (~88 s, measured) before failing, and the
     server then ran without the store for good. Now it starts at once without it, names the master and
@@ -270,11 +278,9 @@ def test_a_mooncake_master_absent_at_start_is_named_at_once_and_attached_once_it
     assert stack.stats.dropped == 4 and _match(cache, PROMPT + [7])[0].device_prefix_len == 0
     master.start()
     try:
-        deadline = time.monotonic() + 30
-        while stack.storage is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert stack.storage is not None
-        _evict_all(cache) if cache.mirror.kv_of else None
+        _wait_attached(stack)
+        if cache.mirror.kv_of:
+            _evict_all(cache)
         _compute(cache, mamba, kv, kvcache, PROMPT, seed=11)
         _evict_all(cache)
         res, _ = _match(cache, PROMPT + [7])
@@ -307,10 +313,7 @@ def test_a_mooncake_master_that_never_answers_at_start_holds_start_up_only_for_t
         assert stack.storage is None and stack.stats.storage_attach_failures >= 1
         assert master.addr in caplog.text and "no answer" in caplog.text
         os.kill(master.proc.pid, signal.SIGCONT)
-        deadline = time.monotonic() + 30
-        while stack.storage is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert stack.storage is not None
+        _wait_attached(stack)
         _compute(cache, mamba, kv, kvcache, PROMPT, seed=12)
         _evict_all(cache)
         res, _ = _match(cache, PROMPT + [7])
