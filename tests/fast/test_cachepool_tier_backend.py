@@ -143,9 +143,10 @@ def test_without_tier_flags_the_cache_has_no_tiers(tmp_path):
     assert _cache(tmp_path)[0].tiers is None
 
 
-def test_tier_flags_on_a_pd_decode_server_are_refused_with_a_message(tmp_path):
-    with pytest.raises(ValueError, match="colocated and PD prefill servers"):
-        _cache(tmp_path, mode="decode", tier_host_bytes=1 << 20)
+def test_tier_flags_on_a_pd_decode_server_give_its_kv_only_cache_kv_only_tiers(tmp_path):
+    from prfaas_sgl.srt.cachepool_backend.tier_decode import KvTiers
+
+    assert type(_cache(tmp_path, mode="decode", tier_host_bytes=1 << 20)[0].tiers) is KvTiers
 
 
 def test_a_storage_tier_that_cannot_start_leaves_the_server_serving(tmp_path):

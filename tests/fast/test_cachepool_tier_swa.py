@@ -188,8 +188,9 @@ def test_tier_flags_serve_colocated_and_pd_prefill_sliding_window_servers(tmp_pa
     assert isinstance(_cache(tmp_path, mode=mode, tier_host_bytes=1 << 20)[0].tiers, WindowTiers)
 
 
-def test_tier_flags_on_a_pd_decode_sliding_window_server_are_still_refused(tmp_path):
-    with pytest.raises(ValueError, match="colocated and PD prefill servers"):
+def test_tier_flags_on_a_pd_decode_sliding_window_server_are_refused_with_the_reason(tmp_path):
+    with pytest.raises(ValueError, match="not on a PD decode server of a sliding-window hybrid .*full-attention "
+                                         "pages without window pages"):
         _cache(tmp_path, mode="decode", tier_host_bytes=1 << 20)
 
 

@@ -16,7 +16,8 @@ demoted, and a match that misses the device pool is extended from the tiers by l
             -> TierStack.publish (encoded, signed and put by the publisher's worker thread)
 
 Colocated and PD prefill servers: on a prefill the loaded prefix is part of the request's row like any
-device hit, and prfaas_zmq sends the row's KV and the request's state after the forward.
+device hit, and prfaas_zmq sends the row's KV and the request's state after the forward. PD decode
+servers (tier_decode.KvTiers): KV only; a longer decode hit makes the prefill send less.
 
 The load is synchronous on the scheduler thread (a device<-host copy per entry before the forward); a
 load overlapped with the forward layer by layer (HiCache's LayerDoneCounter) is later work. A tier
@@ -62,19 +63,11 @@ def attach(cache, ctx, mode: str):
     cfg = flags.get_config(ctx.server_args)
     if cfg.tier_host_bytes == 0 and cfg.tier_storage == "none":
         return cache
-    from .linear import LinearStateCache
-    from .sliding import SlidingWindowCache
     from .tier_prefetch import enable as enable_prefetch
     from .tier_window import WindowTiers, window_bytes
 
-    # a PD prefill loads a hit into slots its request then owns: prfaas_zmq sends the KV of the request's
-    # slots (and its state, or the window pages of its row) after the forward, whether the prefix came
-    # from the device or a tier. A PD decode's cache is filled over prfaas_zmq, never from a match.
-    if not isinstance(cache, (LinearStateCache, SlidingWindowCache)) or mode not in ("null", "prefill"):
-        raise ValueError("--prfaas-tier-*: the host and storage tiers serve colocated and PD prefill servers of "
-                         "linear-attention and sliding-window hybrid models only (this server: "
-                         f"{type(cache).__name__}, mode {mode})")
-    sliding = isinstance(cache, SlidingWindowCache)
+    kind = _tiers_kind(cache, mode)
+    sliding = kind is WindowTiers
     io = window_bytes(cache) if sliding else PoolBytes(cache.token_to_kv_pool_allocator.get_kvcache(),
                                                         cache.req_to_token_pool.mamba_pool, cache.bs)
     fp = Fingerprint(f"{ctx.server_args.model_path}|tp{ctx.tp_rank}/{ctx.tp_size}|{io.layout()}"
@@ -86,13 +79,15 @@ def attach(cache, ctx, mode: str):
         return cache
     publish = PUBLISH_QUEUE_BYTES if cfg.tier_publish and (storage is not None or pending is not None) else 0
     stack = TierStack(fp, host, storage, key=key, publish_queue_bytes=publish, storage_pending=pending is not None)
-    cache.tiers = (WindowTiers if sliding else Tiers)(cache, stack, io)
+    cache.tiers = kind(cache, stack, io)
     if pending is not None:  # a Mooncake master down at start: serve without it, attach it once it answers
         cache.tiers.attacher = StorageAttacher(stack, pending, f"mooncake ({cfg.tier_mooncake_master})",
                                                STORAGE_RETRY_S)
         cache.tiers.attacher.first_try()
-    # storage is read on a worker while the request waits (tier_prefetch)
-    enable_prefetch(cache.tiers, ctx.tp_size, storage_later=pending is not None)
+    # storage is read on a worker while the request waits (tier_prefetch); SGLang's decode path has
+    # neither of the prefetch's hooks, so a decode reads storage in its prealloc pass (tier_decode.py)
+    if mode != "decode":
+        enable_prefetch(cache.tiers, ctx.tp_size, storage_later=pending is not None)
     if exported():
         cache.tiers.metrics = TierMetrics(cache.tiers.stack.counters, {"tp_rank": str(ctx.tp_rank)}).start()
     log.info("prfaas_hybrid tiers: host %d bytes, storage %s%s, entries %s; entries: KV %d bytes, state %d bytes, "
@@ -100,6 +95,33 @@ def attach(cache, ctx, mode: str):
              " (write-through)" if publish else "", "signed (HMAC-SHA256)" if key else "unsigned",
              io.kv_bytes, io.state_bytes, io.window_bytes)
     return cache
+
+
+def _tiers_kind(cache, mode: str) -> type:
+    """The Tiers class for a cache kind and server role; refuses what the tiers do not serve.
+
+    A PD prefill loads a hit into slots its request then owns: prfaas_zmq sends the KV of the request's
+    slots (and its state, or the window pages of its row) after the forward, whether the prefix came from
+    the device or a tier. A PD decode's hit is decode_prefix_len: KV only (tier_decode.py)."""
+    from .decode_kv import DecodeKvCache, DecodeWindowKvCache
+    from .linear import LinearStateCache
+    from .sliding import SlidingWindowCache
+    from .tier_decode import KvTiers
+    from .tier_window import WindowTiers
+
+    if isinstance(cache, DecodeWindowKvCache):
+        # its tree keeps full slots without window pages, and SGLang's paged SWA allocator hands out a
+        # full slot only paired with a window page: a load would need full-only pages, not built yet
+        raise ValueError("--prfaas-tier-*: not on a PD decode server of a sliding-window hybrid (its cache keeps "
+                         "full-attention pages without window pages, which SGLang's SWA allocator does not hand "
+                         "out; the tiers load into such pages only on colocated and PD prefill servers); run this "
+                         "decode without --prfaas-tier-* flags")
+    if isinstance(cache, DecodeKvCache) and mode == "decode":
+        return KvTiers
+    if isinstance(cache, (LinearStateCache, SlidingWindowCache)) and mode in ("null", "prefill"):
+        return WindowTiers if isinstance(cache, SlidingWindowCache) else Tiers
+    raise ValueError("--prfaas-tier-*: the host and storage tiers serve colocated, PD prefill and PD decode servers "
+                     f"of hybrid models only (this server: {type(cache).__name__}, mode {mode})")
 
 
 def _storage_state(cfg, stack: TierStack, pending) -> str:

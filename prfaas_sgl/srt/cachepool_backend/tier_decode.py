@@ -1,0 +1,87 @@
+"""Tiers under a PD decode server's KV-only cache (decode_kv.DecodeKvCache: hybrid linear attention).
+
+A decode hit is SGLang's decode_prefix_len: the prefill sends only the KV past it, plus the request's
+state at the prompt end whatever the hit. So a decode hit needs KV alone, at any block boundary, and the
+tiers extend it with a KV-only plan: what the decode's device pool evicted (demoted as KV entries by
+Tiers.demote, the same entry format, checksums, MAC and layout fingerprint as a prefill's) is loaded back
+into fresh KV slots and indexed before SGLang locks the match.
+
+    blocks   [0 ...... k0)[k0 ................................ k)      limit = (prompt - 1) // bs
+    device   the pool's hit
+    tiers                  KV of each block the device lacks, in order; the first missing or refused
+                           entry ends the hit there (reached), the rest is sent by the prefill
+
+What a tier gives the decode is link bytes, never compute: the prefill computes the prompt from its own
+cache either way. Loads run on the scheduler thread, in the prealloc pass that matches the request
+(SGLang 0.5.23's decode path never calls _prefetch_kvcache or get_new_batch_prefill, the storage
+prefetch's hooks: tier_cache.attach keeps storage reads synchronous here).
+"""
+from __future__ import annotations
+
+import torch
+
+from prfaas_sgl.cachepool.tiers import KV
+from prfaas_sgl.cachepool.tiers.plan import extension
+
+from .mirror import Insert
+from .tier_cache import Tiers
+
+
+class KvTiers(Tiers):
+    def _loads_for(self, params) -> bool:
+        """The prealloc queue's match of a request (SGLang passes cow_mamba = supports_mamba())."""
+        return params.req is not None
+
+    @property
+    def _step(self) -> int:
+        return 1  # no state grid: any block boundary is a hit
+
+    def _wanted(self, hashes: list[int], k0: int, limit: int) -> list[tuple[int, int]]:
+        m = self.cache.mirror
+        return [(KV, h) for h in hashes[k0:limit] if h not in m.kv_of]
+
+    def _plan(self, hashes: list[int], k0: int, limit: int, present: set[tuple[int, int]]) -> int:
+        m = self.cache.mirror
+        return extension(hashes, k0, limit, 1, lambda h: h in m.kv_of or (KV, h) in present, lambda h: True)
+
+    def _missing(self, hashes: list[int], k0: int, k: int, step: int) -> tuple[list[int], list[int]]:
+        m = self.cache.mirror
+        return [j for j in range(k0, k) if hashes[j] not in m.kv_of], []
+
+    def _fill(self, load_id: str, hashes: list[int], k0: int, k: int) -> int:
+        """Fetch and write the KV of [k0, k) the device lacks, then index [k0, reached) in one commit."""
+        c, bs = self.cache, self.cache.bs
+        kv_slots, _ = self._allocate(hashes, k0, k, 1)
+        row = torch.zeros(k * bs, dtype=torch.int64, device=c.device)
+        pos_of, taken, reached = {}, 0, k0
+        try:
+            reached, taken = self._fill_kv(hashes, k0, k, row, kv_slots, pos_of)
+            if reached > k0:
+                insert = Insert(row, {h: j for h, j in pos_of.items() if j < reached})
+                c.pool.grow(load_id, reached * bs)
+                c._drain()
+                c.pool.commit(load_id, reached * bs)
+                c._drain(insert)
+                assert len(insert.stored_blocks) == len(insert.pos_of), "a loaded entry was not indexed"
+                taken = len(insert.pos_of)
+        finally:
+            if taken < len(kv_slots):  # slots of blocks past the hit, or never filled
+                c.token_to_kv_pool_allocator.free(torch.cat(kv_slots[taken:]))
+        self.loaded_blocks += reached - k0
+        return reached
+
+    def _fill_kv(self, hashes, k0, k, row, kv_slots, pos_of) -> tuple[int, int]:
+        """Write each missing block's KV into the next free slot block, in order; (blocks reached,
+        slot blocks used). Stops at the first block with no entry, no slots or a refused entry."""
+        m, bs, io, taken = self.cache.mirror, self.cache.bs, self.io, 0
+        for j in range(k0, k):
+            h = hashes[j]
+            if h in m.kv_of:
+                continue
+            payload = self.stack.get(KV, h, io.kv_bytes) if taken < len(kv_slots) else None
+            if payload is None:
+                return j, taken
+            io.write_kv(kv_slots[taken], payload)
+            row[j * bs:(j + 1) * bs] = kv_slots[taken]
+            pos_of[h], taken = j, taken + 1
+        return k, taken
