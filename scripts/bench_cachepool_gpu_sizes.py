@@ -15,17 +15,17 @@ with distinct `--fill-prompt`-token requests to ~95 % of the slots, then measure
   mix         --mix-requests seeded requests served one after another on the filled cache (scripts/
               _cachepool_mix.py): short questions after shared system prompts, long documents, multi-turn
               conversations; the scheduler-thread time of each request's cache calls (match, lock,
-              allocate/evict, every checkpoint, release), ms mean / p50 / p99 per kind, and hit tokens
+              allocate/evict, row write, every checkpoint, release), ms mean / p50 / p99 per kind, hit tokens
 
 Times are the scheduler thread's CPU time (`--clock cpu`, time.thread_time) with torch on one intra-op
-thread (`--threads 1`): on a machine shared with other jobs, wall time also counts the time the thread
-waits for a core, and a parallel torch region waits for a second core held by another process (16 ms
-stalls measured on 8K-element gathers at load 2 on 2 cores); `--clock wall --threads 0` measures that
-instead (0: torch's default). Matches are the median of --match-calls calls.
+thread (`--threads 1`): wall time on a shared machine also counts waits for a core, and a parallel torch
+region waits for a second core held by another process (16 ms stalls measured on 8K-element gathers at
+load 2 on 2 cores); `--clock wall --threads 0` measures that. Matches: median of --match-calls calls.
 
 "before": our code at --base-rev (`git archive`, imported in a worker in its place), "after" the working
 tree, "sglang" `UnifiedRadixCache` FULL+MAMBA (0.5.23's build for hybrid GDN; page 1, as no_buffer needs),
-each chunk end's state a copy of the request's, as its checkpoint makes it. Seeded; one worker at a time.
+each chunk end's state a copy of the request's, as its checkpoint makes it; both trees write the KV row
+(alloc_for_extend does for any tree). Seeded; one worker at a time.
 
 Run:  .venv/bin/python scripts/bench_cachepool_gpu_sizes.py --kv-tokens 500000 2000000 --out out/bench_cachepool_gpu_sizes.json
 """
@@ -190,8 +190,7 @@ class Sglang:
         return s
 
     def serve(self, ids: array, rid: str, times: dict | None = None) -> int:
-        """One request, as the scheduler runs it: a state is cached at each chunk end counted from the hit,
-        at the match's branching point (mamba_branching_seqlen) and at the end; returns the hit."""
+        """One request: a state cached at each chunk end past the hit, the branch point and the end."""
         import torch
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
         from sglang.srt.mem_cache.radix_cache import RadixKey
@@ -201,7 +200,8 @@ class Sglang:
         own, need = self._slot(), len(ids) - p
         if self.alloc.available_size() < need:
             self.cache.evict(EvictParams(num_tokens=need - self.alloc.available_size()))
-        values = torch.cat([self.cache.path_device_indices(node)[:p], self.alloc.alloc(need)])
+        self.pool.req_to_token[0, :len(ids)] = values = torch.cat([self.cache.path_device_indices(node)[:p],
+                                                                   self.alloc.alloc(need)])
         prev, branching = p, m.mamba_branching_seqlen
         ends = set(range(p + self.chunk, len(ids), self.chunk)) | {len(ids)}
         if branching is not None and p < branching < len(ids):

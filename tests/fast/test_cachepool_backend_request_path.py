@@ -155,3 +155,28 @@ def test_the_slots_of_rows_that_are_not_one_run_come_back_in_order():
     assert m.kv_slots_of_rows([3, 4, 7, 1, 2]).tolist() == [6, 7, 8, 9, 14, 15, 2, 3, 4, 5]
     many = [7 - (i % 8) for i in range(40)]  # more rows than a cat of slices is worth
     assert m.kv_slots_of_rows(many).tolist() == torch.arange(16).view(8, 2)[many].reshape(-1).tolist()
+
+
+def test_a_match_copies_no_tokens_and_a_locked_hit_reads_its_slots_in_place():
+    """The match handle and the memo keep the request's own array (SGLang only appends to it): no
+    copy of the prompt per match. A locked hit's KV slots are a view of the mirror's table (its rows
+    are not reused while pinned), equal to the slots the first request wrote. Output tokens appended
+    in place are hashed on the request's next checkpoint, from the same array."""
+    cache, alloc, rtp = _cache()
+    prompt = array("q", range(100, 170))  # blocks [0, 64), states at 32 and 64
+    _serve(cache, alloc, rtp, prompt, "first")
+    cached = cache.mirror.kv_slots(list(cache.memo.get(None, prompt).hashes[:2]))
+    ids = array("q", list(prompt) + [7, 8, 9])
+    req, node, lock = _admit(cache, alloc, rtp, ids, "second")
+    assert node.ids is ids and node.length == 64 and node.tokens == ids[:64]
+    assert cache.memo._by_rid["second"].tokens is ids
+    path = cache.path_device_indices(node)
+    assert path.untyped_storage().data_ptr() == cache.mirror.kv_table.untyped_storage().data_ptr()
+    assert torch.equal(path, cached)
+    ids.extend(range(500, 530))  # decode output, appended in place as SGLang's refresh_fill_ids does
+    rtp.req_to_token[0, 73:103] = alloc.alloc(30).to(torch.int32)
+    cache.checkpoint(req, up_to=96)
+    assert cache.memo._by_rid["second"].tokens is ids and len(cache.memo._by_rid["second"].hashes) == 3
+    _release(cache, req, node, lock)
+    cache.check_integrity()
+    assert _match(cache, array("q", ids), "third")[1].device_prefix_len == 96

@@ -121,3 +121,20 @@ def test_pool_keeps_caller_kept_lists_and_hashes_only_new_blocks(monkeypatch):
     assert set(pool.managers[1].index) == {block_hashes(list(ids), 4)[b - 1] for b in (2, 4, 6, 8, 10)}
     pool.free("r")
     pool.check_integrity()
+
+
+def test_memo_keeps_the_callers_array_and_adopts_a_longer_equal_one(monkeypatch):
+    """An array("q") is kept, not copied (SGLang only appends to a request's array): appends are seen
+    in place. A new array that agrees on the common prefix and is longer becomes the kept one (SGLang
+    rebuilt its fill ids); a shorter one leaves it; hashes are never redone."""
+    want = block_hashes(list(range(70)), 16)
+    hashed = _count_hashed_blocks(monkeypatch)
+    memo, ids = HashMemo(16), array("q", range(40))
+    got = memo.get("r", ids)
+    assert got.tokens is ids and hashed[0] == 2
+    ids.extend(range(40, 50))  # in place
+    assert memo.get("r", ids).tokens is ids and hashed[0] == 3
+    longer = array("q", range(70))
+    assert memo.get("r", longer).tokens is longer and hashed[0] == 4
+    assert memo.get("r", array("q", range(20))).tokens is longer
+    assert got.hashes == want and hashed[0] == 4

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import logging
 from array import array
-from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import (BasePrefixCache, DecLockRefResult, EvictParams,
@@ -43,16 +43,24 @@ log = logging.getLogger(__name__)
 _ONE_TOKEN = array("q", [0])  # see checkpoint
 
 
-@dataclass(frozen=True, slots=True, eq=False)
 class Node:
-    """A match handle: the matched tokens and their block hashes (len(tokens) == bs * len(hashes)).
-    Compared by identity: its tokens are an array (a copy of an array slice is a memcpy, a tuple of
-    128K ints is not)."""
+    """A match handle: tokens [0, length) of `ids` and their block hashes (length == bs * len(hashes)).
+    `ids` is the request's own array, not a copy (128K ids are a 1 MB copy per match): SGLang only
+    appends to a request's token array or replaces it, so its first `length` tokens never change.
+    Compared by identity."""
 
-    tokens: array
-    hashes: tuple[int, ...]
+    __slots__ = ("ids", "length", "hashes")
     # BasePrefixCache.dfs_weight_order walks `children`; handles are flat (no tree)
-    children: dict = field(default_factory=dict, compare=False, hash=False)
+    children = MappingProxyType({})
+
+    def __init__(self, ids: array, hashes: tuple[int, ...], length: int | None = None) -> None:
+        self.ids, self.hashes = ids, hashes
+        self.length = len(ids) if length is None else length
+
+    @property
+    def tokens(self) -> array:
+        """The matched tokens (a copy: for tests and logs, not the request path)."""
+        return self.ids[:self.length]
 
 
 class Entry:
@@ -165,7 +173,7 @@ class PrfaasHybridCache(BasePrefixCache):
         # hashed up to the first block the KV index lacks: a new prompt costs one block, not its length
         seen = self.memo.get(getattr(params.req, "rid", None), ids, cached=self.mirror.kv_of.__contains__)
         k = self.pool.match(seen.tokens, seen.hashes, num_tokens=num) // self.bs
-        node = Node(seen.tokens[:k * self.bs], tuple(seen.hashes[:k]))
+        node = Node(seen.tokens, tuple(seen.hashes[:k]), k * self.bs)
         if self.tiers is not None:  # past the device hit, from the lower tiers (loaded back now)
             node = self.tiers.extend(params, node, key.raw_token_ids())
         node = self._matched(params, node)
@@ -181,7 +189,7 @@ class PrfaasHybridCache(BasePrefixCache):
         return None
 
     def _result(self, node: Node, branch: int | None = None) -> MatchResult:
-        return MatchResult(device_prefix_len=len(node.tokens), last_device_node=node,
+        return MatchResult(device_prefix_len=node.length, last_device_node=node,
                            last_host_node=node, best_match_node=node, mamba_branching_seqlen=branch)
 
     def inc_lock_ref(self, node: Node) -> IncLockRefResult:
@@ -193,7 +201,7 @@ class PrfaasHybridCache(BasePrefixCache):
         if pinned != len(node.hashes):  # evicted between match and lock: a bug
             self.pool.free(f"lock:{n}")
             self._drain()
-            raise RuntimeError(f"prfaas_hybrid: lock on {len(node.tokens)} tokens found only "
+            raise RuntimeError(f"prfaas_hybrid: lock on {node.length} tokens found only "
                                f"{pinned * self.bs} cached")
         return IncLockRefResult(delta=0, node_id=n)
 
@@ -204,7 +212,8 @@ class PrfaasHybridCache(BasePrefixCache):
         return DecLockRefResult(delta=0)
 
     def path_device_indices(self, node: Node) -> torch.Tensor:
-        return self.mirror.kv_slots(node.hashes)
+        """The hit's KV slots; a view while `node` is locked (SGLang's contract: read once, locked)."""
+        return self.mirror.locked_kv_slots(node.hashes)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def checkpoint(self, req, *, up_to: int, **kwargs) -> None:

@@ -20,9 +20,11 @@ from prfaas_sgl.cachepool.hashing import extend_hashes, hashes_until_miss
 
 
 class RequestHashes:
-    """tokens: array("q") of the longest token list seen for the request; hashes: a prefix of
-    block_hashes(tokens). Both only grow (the pool may keep references to them). source: the caller's
-    array tokens last came from (SGLang's req.full_untruncated_fill_ids), or None."""
+    """tokens: array("q") of the longest token list seen for the request, the caller's own array when
+    it passed one (SGLang's req.full_untruncated_fill_ids, not copied: SGLang only appends to it or
+    replaces it); hashes: a prefix of block_hashes(tokens). Neither shrinks, and tokens [0, n) never
+    change once seen (the pool and match handles keep references). source: the caller's array that
+    tokens last agreed with, or None."""
 
     __slots__ = ("tokens", "hashes", "source")
 
@@ -32,9 +34,10 @@ class RequestHashes:
 
 class HashMemo:
     """RequestHashes by SGLang request id; the `capacity` most recently used are kept (a request
-    matched but never released, e.g. aborted while waiting, ages out). One 128K-token request keeps
-    ~1.3 MB (its int64 ids and hash ints), so the cap bounds the memo to ~340 MB in the worst case; a
-    request aged out while still waiting is only hashed again."""
+    matched but never released, e.g. aborted while waiting, ages out). A request's ids are SGLang's own
+    array (a copy only for a list), so an entry adds its hash ints; one kept after SGLang dropped the
+    request holds its ids (1 MB at 128K tokens) until it ages out. A request aged out while still
+    waiting is only hashed again."""
 
     def __init__(self, block_size: int, seed: int = 0, capacity: int = 256) -> None:
         self.bs, self.seed, self.capacity = block_size, seed, capacity
@@ -54,7 +57,7 @@ class HashMemo:
         elif rid is None:
             kept = RequestHashes(ids, [])
         else:
-            kept = self._by_rid[rid] = RequestHashes(array("q", ids), [], ids)
+            kept = self._by_rid[rid] = RequestHashes(ids, [], ids)
             if len(self._by_rid) > self.capacity:
                 self._by_rid.popitem(last=False)
         if cached is None:
@@ -64,19 +67,18 @@ class HashMemo:
         return kept
 
     def _extends(self, kept: RequestHashes, ids: array) -> bool:
-        """Whether ids and kept.tokens agree on their common prefix; if so, grow kept's tokens to cover
-        ids. numpy compares 128K ids in ~70 us; comparing array slices costs ~1.3 ms (per element,
-        in Python objects) and copies both."""
-        n = min(len(ids), len(kept.tokens))
-        if ids is kept.source:  # SGLang only appends to a request's token array, or replaces it
-            same = True
-        else:
-            same = np.array_equal(np.frombuffer(kept.tokens, np.int64, n), np.frombuffer(ids, np.int64, n))
-        # the numpy views are gone here: an array cannot grow while its buffer is exported
-        if not same:
-            return False
-        if len(ids) > n:
-            kept.tokens.extend(ids[n:])
+        """Whether ids and kept.tokens agree on their common prefix; if so, kept.tokens becomes the
+        longer of the two (an array, never copied: a 128K-token request is a 1 MB copy). numpy
+        compares 128K ids in ~70 us; comparing array slices costs ~1.3 ms (per element, in Python
+        objects) and copies both."""
+        if ids is kept.tokens:  # the caller's array, appended to in place since the last call
+            return True
+        if ids is not kept.source:  # SGLang only appends to a request's token array, or replaces it
+            n = min(len(ids), len(kept.tokens))
+            if not np.array_equal(np.frombuffer(kept.tokens, np.int64, n), np.frombuffer(ids, np.int64, n)):
+                return False
+        if len(ids) > len(kept.tokens):
+            kept.tokens = ids
         kept.source = ids
         return True
 

@@ -210,6 +210,15 @@ class Mirror:
         """KV slots of cached hashes, in order: int64 [len(hashes) * bs]."""
         return self.kv_slots_of_rows([self.kv_of[h] for h in hashes])
 
+    def locked_kv_slots(self, hashes) -> torch.Tensor:
+        """kv_slots for hashes a lock pins: a run of rows is a view of kv_table, not a copy. A pinned
+        entry is not evicted, so its row is not reused while the lock is held (SGLang reads a locked
+        match's path once, to write it into the request's row)."""
+        rows = [self.kv_of[h] for h in hashes]
+        if rows and _is_run(rows):
+            return self.kv_table[rows[0]:rows[0] + len(rows)].view(-1)
+        return self.kv_slots_of_rows(rows)
+
     def kv_slots_of_rows(self, rows: list[int]) -> torch.Tensor:
         """A copy (the rows are reused once their entries go): int64 [len(rows) * bs]."""
         if not rows:
