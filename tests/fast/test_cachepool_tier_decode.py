@@ -20,6 +20,7 @@ from prfaas_sgl.cachepool.tiers import KV, STATE
 from prfaas_sgl.config import PrfaasConfig
 from prfaas_sgl.srt import flags
 from prfaas_sgl.srt.cachepool_backend import cache as backend
+from prfaas_sgl.srt.cachepool_backend import tier_prefetch
 from prfaas_sgl.srt.cachepool_backend.decode_kv import DecodeKvCache
 from prfaas_sgl.srt.cachepool_backend.tier_decode import KvTiers
 
@@ -27,17 +28,17 @@ BS, SLOTS, KV_TOKENS = 16, 4, 8 * 16
 PROMPT = list(range(100, 100 + 5 * BS + 3))  # 5 full blocks and 3 tokens: a hit of 5 blocks at most
 
 
-def _cache(tmp_path, **tier_flags):
+def _cache(tmp_path, kv_tokens=KV_TOKENS, **tier_flags):
     shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=64, n_groups=2, num_heads=4, head_dim=16,
                                     state_size=16, conv_kernel=4)
     mamba = MambaPool(size=SLOTS, spec_state_size=0, cache_params=Mamba2CacheParams(shape=shape, layers=[0, 1]),
                       mamba_layer_ids=[0, 1], device="cpu")
-    rtp = NS(req_to_token=torch.zeros((4, 256), dtype=torch.int32), mamba_pool=mamba,
+    rtp = NS(req_to_token=torch.zeros((4, kv_tokens), dtype=torch.int32), mamba_pool=mamba,
              mamba_allocator=NS(alloc=lambda k: None, free=lambda idx: None),
              translate_mamba_indices=lambda i: i, free_mamba_cache=lambda req: None)
-    kvcache = NS(k_buffer=[torch.zeros(KV_TOKENS + 1, 2, 8) for _ in range(2)],
-                 v_buffer=[torch.zeros(KV_TOKENS + 1, 2, 8) for _ in range(2)])
-    kv = TokenToKVPoolAllocator(KV_TOKENS, torch.float32, "cpu", kvcache, False)
+    kvcache = NS(k_buffer=[torch.zeros(kv_tokens + 1, 2, 8) for _ in range(2)],
+                 v_buffer=[torch.zeros(kv_tokens + 1, 2, 8) for _ in range(2)])
+    kv = TokenToKVPoolAllocator(kv_tokens, torch.float32, "cpu", kvcache, False)
     cfg = PrfaasConfig(tier_storage_path=str(tmp_path / "store"), **tier_flags)
     # the decode's chunk size is the prefill's business: any value (SGLang's default here)
     args = NS(chunked_prefill_size=8192, disaggregation_mode="decode", model_path="tiny",
@@ -138,27 +139,79 @@ def test_a_decode_tier_writes_kv_entries_only_in_the_prefills_format(tmp_path):
     assert stack.fp.key(KV, hashes[0]).startswith("pfx-")
 
 
-def test_a_decode_tier_reads_storage_on_its_scheduler_thread(tmp_path):
-    """SGLang's decode path has no prefetch hooks: no prefetcher, and a storage hit loads synchronously."""
+def _prealloc_queue(cache, rids):
+    """A stand-in DecodePreallocQueue: its scheduler's tree_cache and its queue of DecodeRequests."""
+    reqs = [NS(req=NS(rid=r, origin_input_ids=list(PROMPT), extra_key=None, cache_salt=None)) for r in rids]
+    return NS(scheduler=NS(tree_cache=cache), queue=reqs)
+
+
+def test_a_decode_storage_hit_is_prefetched_from_arrival_and_matched_without_a_storage_call(tmp_path):
+    """DecodePreallocQueue.add starts the prefetch (KV entries only: no state grid on a decode); the prealloc
+    pass matches with storage closed and loads the staged entries byte-exact."""
     cache, kv, kvcache = _cache(tmp_path, tier_storage="file")
-    assert getattr(cache.tiers, "prefetch", None) is None
-    _receive(cache, kv, kvcache, PROMPT, seed=5)
+    want = _receive(cache, kv, kvcache, PROMPT, seed=5)
     _evict_all(cache)
-    assert _match(cache, PROMPT + [1]).device_prefix_len == 5 * BS
-    assert cache.tiers.stack.stats.storage_hits == 5
+    queue = _prealloc_queue(cache, ["again"])
+    tier_prefetch.around_decode_enqueue(lambda q, r: None, queue, queue.queue[0].req)
+    pf = cache.tiers.prefetch
+    job = pf._jobs["again"]
+    assert job.done.wait(10) and job.fetched == 5 and pf.stats.fetched_bytes == 5 * cache.tiers.io.kv_bytes
+    gets = []
+    storage = cache.tiers.stack.storage
+    real_get = storage.get
+    storage.get = lambda *a: gets.append(a) or real_get(*a)
+
+    def prealloc_pass(q):
+        assert cache.tiers.stack.scheduling
+        return _match(cache, PROMPT + [7])
+
+    res = tier_prefetch.around_decode_prealloc(prealloc_pass, queue)
+    assert res.device_prefix_len == 5 * BS and gets == [] and pf.stats.used == 5
+    assert cache.tiers.stack.stats.storage_hits == 5 and not cache.tiers.stack.scheduling
+    _assert_kv(cache, kvcache, res, want)
 
 
-def test_the_scheduler_thread_cost_of_a_decode_host_hit(tmp_path, capsys):
-    """Measured, not bounded tightly: a 5-block host hit's match (plan, get, verify, copy, index)."""
-    cache, kv, kvcache = _cache(tmp_path, tier_host_bytes=1 << 20)
-    _receive(cache, kv, kvcache, PROMPT, seed=6)
+def test_a_decode_request_sits_out_the_prealloc_pass_while_its_prefetch_runs(tmp_path):
+    from prfaas_sgl.cachepool.tiers.prefetch import Job
+
+    cache = _cache(tmp_path, tier_storage="file")[0]
+    pf = cache.tiers.prefetch
+    queue = _prealloc_queue(cache, "abc")
+    pf._jobs["b"] = Job("b", array("q"), time.monotonic() + 0.3)  # still running: never queued to the worker
+    seen = []
+
+    def prealloc_pass(q):  # preallocates the first request it sees
+        seen.append([d.req.rid for d in q.queue])
+        q.queue = q.queue[1:]
+
+    tier_prefetch.around_decode_prealloc(prealloc_pass, queue)
+    assert seen == [["a", "c"]] and [d.req.rid for d in queue.queue] == ["b", "c"]
+    time.sleep(0.35)  # b's hold runs out
+    tier_prefetch.around_decode_prealloc(prealloc_pass, queue)
+    assert seen[-1] == ["b", "c"] and pf.stats.abandoned == 1
+
+
+@pytest.mark.parametrize("tier", ["host", "file", "file_prefetched"])
+def test_the_scheduler_thread_cost_of_a_decode_tier_hit(tmp_path, capsys, tier):
+    """Measured, bounded only loosely: the match of a 37-block hit (600-token prompt) from the tier on the
+    decode's scheduler thread (plan, get, verify, copy into the pool, index); prefetched: the storage part
+    read and verified on the worker before the pass, as the prealloc hooks do."""
+    flags_ = dict(tier_host_bytes=64 << 20) if tier == "host" else dict(tier_storage="file")
+    cache, kv, kvcache = _cache(tmp_path, kv_tokens=1024, **flags_)
+    prompt = list(range(1000, 1600))
+    _receive(cache, kv, kvcache, prompt, seed=6)
     times = []
-    for _ in range(7):
-        _evict_all(cache)
+    for i in range(7):
+        cache.evict(EvictParams(num_tokens=1024))
+        if tier == "file_prefetched":
+            assert cache.tiers.prefetch.start(f"p{i}", array("q", prompt + [1])).done.wait(10)
+        cache.tiers.stack.scheduling = tier == "file_prefetched"
         t0 = time.perf_counter()
-        assert _match(cache, PROMPT + [1]).device_prefix_len == 5 * BS
+        assert _match(cache, prompt + [1], rid=f"p{i}").device_prefix_len == 37 * BS
         times.append(time.perf_counter() - t0)
+        cache.tiers.stack.scheduling = False
     med = sorted(times)[3]
     with capsys.disabled():
-        print(f"\ndecode host hit, 5 KV entries of {cache.tiers.io.kv_bytes} bytes: match median {med * 1e3:.2f} ms")
+        print(f"\ndecode {tier} tier hit, 37 KV entries of {cache.tiers.io.kv_bytes} bytes: match median "
+              f"{med * 1e3:.2f} ms (min {min(times) * 1e3:.2f})")
     assert med < 1.0

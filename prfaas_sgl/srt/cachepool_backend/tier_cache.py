@@ -84,10 +84,8 @@ def attach(cache, ctx, mode: str):
         cache.tiers.attacher = StorageAttacher(stack, pending, f"mooncake ({cfg.tier_mooncake_master})",
                                                STORAGE_RETRY_S)
         cache.tiers.attacher.first_try()
-    # storage is read on a worker while the request waits (tier_prefetch); SGLang's decode path has
-    # neither of the prefetch's hooks, so a decode reads storage in its prealloc pass (tier_decode.py)
-    if mode != "decode":
-        enable_prefetch(cache.tiers, ctx.tp_size, storage_later=pending is not None)
+    # storage is read on a worker while the request waits (tier_prefetch)
+    enable_prefetch(cache.tiers, ctx.tp_size, storage_later=pending is not None)
     if exported():
         cache.tiers.metrics = TierMetrics(cache.tiers.stack.counters, {"tp_rank": str(ctx.tp_rank)}).start()
     log.info("prfaas_hybrid tiers: host %d bytes, storage %s%s, entries %s; entries: KV %d bytes, state %d bytes, "
@@ -158,6 +156,8 @@ def _storage(cfg, ctx, key: Optional[bytes]) -> tuple[Optional[StorageBackend], 
 
 
 class Tiers:
+    loads_states = True  # a linear-attention hit needs a state at each grid boundary (prefetch fetches them)
+
     def __init__(self, cache, stack: TierStack, io: PoolBytes) -> None:
         self.cache, self.stack, self.io = cache, stack, io
         self._ids = itertools.count()

@@ -12,9 +12,10 @@ into fresh KV slots and indexed before SGLang locks the match.
                            entry ends the hit there (reached), the rest is sent by the prefill
 
 What a tier gives the decode is link bytes, never compute: the prefill computes the prompt from its own
-cache either way. Loads run on the scheduler thread, in the prealloc pass that matches the request
-(SGLang 0.5.23's decode path never calls _prefetch_kvcache or get_new_batch_prefill, the storage
-prefetch's hooks: tier_cache.attach keeps storage reads synchronous here).
+cache either way. The host-to-device copy runs on the scheduler thread, in the prealloc pass that
+matches the request; storage entries are read ahead on a worker from the request's arrival
+(tier_prefetch: DecodePreallocQueue.add / pop_preallocated, SGLang's decode path having neither
+_prefetch_kvcache nor get_new_batch_prefill).
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from .tier_cache import Tiers
 
 
 class KvTiers(Tiers):
+    loads_states = False
+
     def _loads_for(self, params) -> bool:
         """The prealloc queue's match of a request (SGLang passes cow_mamba = supports_mamba())."""
         return params.req is not None

@@ -11,6 +11,14 @@ cache a prefetcher):
                               with StagedStack.scheduling set, so a match loads staged entries and the host
                               tier only: the scheduler thread never waits on storage
 
+A PD decode (tier_decode.KvTiers) has neither hook: SGLang 0.5.23 matches a decode request in its prealloc
+pass, where it reserves KV for it and the hit becomes decode_prefix_len. Its places:
+
+    DecodePreallocQueue.add(req)           the request arrives: its prefetch starts (KV entries only)
+    DecodePreallocQueue.pop_preallocated() requests whose prefetch runs sit out the pass, as above; the
+                                           prefill waits for the decode's preallocation before it sends,
+                                           so the hold delays the request's transfer, never other streams
+
 The hold is one storage call deadline (TierStack.call_timeout_s, 5 s): a prefetch not done by then is what
 a synchronous load past its deadline was, a miss recomputed, and the stated bound for a slow or failed
 fetch (recompute + one call deadline) is unchanged; meanwhile the scheduler serves every other request.
@@ -31,6 +39,8 @@ log = logging.getLogger(__name__)
 
 ENQUEUE = "sglang.srt.managers.scheduler.Scheduler._prefetch_kvcache"
 BATCH = "sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill"
+DECODE_ENQUEUE = "sglang.srt.disaggregation.decode.DecodePreallocQueue.add"
+DECODE_PREALLOC = "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated"
 # the stage's bound, or --prfaas-tier-host-bytes if larger (the host memory the operator gave the tiers):
 # ~7,800 entries of the tiny GDN model's 33 KB. Entries wait there from their fetch to their match only
 STAGED_BYTES = 256 << 20
@@ -40,6 +50,8 @@ IDLE_WAIT_S = 0.002  # an idle scheduler with held requests sleeps this long per
 def register(HookRegistry, HookType) -> None:
     HookRegistry.register(ENQUEUE, around_enqueue, HookType.AROUND)
     HookRegistry.register(BATCH, around_batch, HookType.AROUND)
+    HookRegistry.register(DECODE_ENQUEUE, around_decode_enqueue, HookType.AROUND)
+    HookRegistry.register(DECODE_PREALLOC, around_decode_prealloc, HookType.AROUND)
 
 
 def enable(tiers, tp_size: int, storage_later: bool = False) -> None:
@@ -53,8 +65,9 @@ def enable(tiers, tp_size: int, storage_later: bool = False) -> None:
         return
     c, io = tiers.cache, tiers.io
     window = getattr(tiers, "window_blocks", 0)
+    step = tiers._step if tiers.loads_states else 0
     chain = Chain(c.bs, c.pool.cfg.hash_seed, {KV: io.kv_bytes, STATE: io.state_bytes, WINDOW: io.window_bytes},
-                  step=0 if window else tiers._step, window_blocks=window)
+                  step=step, window_blocks=window)
 
     def on_device(kind: int, h: int) -> bool:
         m = c.mirror  # read each time: a flush replaces it
@@ -79,6 +92,31 @@ def around_enqueue(original, scheduler, req, *args, **kwargs):
         ids.extend(req.output_ids)  # a retracted request is matched on its outputs too
         tiers.prefetch.start(req.rid, ids)
     return out
+
+
+def around_decode_enqueue(original, queue, req, *args, **kwargs):
+    out = original(queue, req, *args, **kwargs)
+    tiers = _tiers(queue.scheduler)
+    if tiers is not None and getattr(req, "extra_key", None) is None and getattr(req, "cache_salt", None) is None:
+        tiers.prefetch.start(req.rid, array("q", req.origin_input_ids))  # what _match_prefix_and_lock matches
+    return out
+
+
+def around_decode_prealloc(original, queue, *args, **kwargs):
+    tiers = _tiers(queue.scheduler)
+    if tiers is None:
+        return original(queue, *args, **kwargs)
+    pending, pf = queue.queue, tiers.prefetch
+    held = {id(d) for d in pending if pf.holding(d.req.rid)}
+    if held:
+        queue.queue = [d for d in pending if id(d) not in held]
+    tiers.stack.scheduling = True
+    try:
+        return original(queue, *args, **kwargs)
+    finally:
+        tiers.stack.scheduling = False
+        if held:
+            queue.queue = _with_held(pending, held, queue.queue)
 
 
 def around_batch(original, scheduler, *args, **kwargs):

@@ -45,6 +45,7 @@ def window_bytes(cache) -> PoolBytes:
 
 
 class WindowTiers(Tiers):
+    loads_states = False
     loaded_windows = 0  # windows loaded back (and indexed) since start
 
     @property
