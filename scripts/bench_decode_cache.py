@@ -7,17 +7,25 @@ prfaas_hybrid`, stats endpoint) and three decode servers that differ only in the
   sglang  --disaggregation-decode-enable-radix-cache (UnifiedRadixCache with its Mamba component)
   ours    the same flag + --radix-cache-backend prfaas_hybrid (full-attention KV index only: the
           prefill always sends the prompt-end state, so any block-aligned KV prefix is a hit)
+  ours_host  ours + a host tier (--prfaas-tier-host-bytes): what the decode's device pool evicts is
+          loaded back into it when a prompt comes again (tier_decode.py), so the prefill sends less
+With --decode-tokens N every decode gets an N-token device pool (--max-total-tokens): a trace whose
+working set is several times N shows what the tier adds over the device cache alone. --variants picks
+a subset (the tier row: none,ours,ours_host).
 A decode hit becomes SGLang's decode_prefix_len and the prefill skips those pages. Trace: a few long
 system prompts shared by several multi-turn conversations (turn k+1 = turn k + answer + new message),
 turns interleaved across conversations. Each request goes to the three pairs in turn; bytes are the
 prefill's transport counters (GET /stats) before and after. Greedy outputs must agree across the three.
 
     python3 scripts/bench_decode_cache.py --out out/bench_decode_cache
+    python3 scripts/bench_decode_cache.py --variants none,ours,ours_host --decode-tokens 1024 --systems 3 \
+        --convs 6 --out out/bench_decode_tier
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import threading
@@ -32,6 +40,8 @@ VARIANTS = {
     "none": (),
     "sglang": ("--disaggregation-decode-enable-radix-cache",),
     "ours": ("--disaggregation-decode-enable-radix-cache", "--radix-cache-backend", "prfaas_hybrid"),
+    "ours_host": ("--disaggregation-decode-enable-radix-cache", "--radix-cache-backend", "prfaas_hybrid",
+                  "--prfaas-tier-host-bytes", str(256 << 20)),
 }
 ZMQ = ("--prfaas-zmq-timeout-s", "120")
 
@@ -70,17 +80,23 @@ def sent_bytes(stats_port: int) -> int:
     return sum(link["bytes_total"] for link in doc["links"].values())
 
 
-def start(log_dir: Path, chunk: int):
+def start(log_dir: Path, chunk: int, variants: list[str], decode_tokens: int):
     model = str(ensure("tiny-qwen35-hybrid"))
     stats = free_port()
     servers = {"prefill": SGLangServer(ServerSpec(
         model, free_port(), mode="prefill", transfer_backend="prfaas_zmq", bootstrap_port=free_port(),
         chunked_prefill_size=chunk, log_path=str(log_dir / "prefill.log"),
-        extra_args=ZMQ + ("--radix-cache-backend", "prfaas_hybrid", "--prfaas-zmq-stats-port", str(stats))))}
-    for name, extra in VARIANTS.items():
+        extra_args=ZMQ + ("--radix-cache-backend", "prfaas_hybrid", "--prfaas-zmq-stats-port", str(stats)),
+        fork_children=True))}
+    pool = {"max_total_tokens": decode_tokens} if decode_tokens else {}
+    # SGLang reserves 512 decode tokens per admitted request: with a small pool a long prompt would wait in
+    # the prealloc queue for good; a few answer tokens need far fewer
+    reserve = ("--num-reserved-decode-tokens", "64") if decode_tokens else ()
+    for name in variants:
         servers[name] = SGLangServer(ServerSpec(
             model, free_port(), mode="decode", transfer_backend="prfaas_zmq", max_running_requests=1,
-            log_path=str(log_dir / f"decode_{name}.log"), extra_args=ZMQ + ("--enable-cache-report",) + extra))
+            log_path=str(log_dir / f"decode_{name}.log"), fork_children=True, **pool,
+            extra_args=ZMQ + ("--enable-cache-report",) + reserve + VARIANTS[name]))
     for s in servers.values():
         s.start()
     for s in servers.values():
@@ -92,7 +108,8 @@ def run(args) -> dict:
     conv_system, steps = make_trace(args.seed, args.systems, args.convs, args.turns, args.system_len,
                                     (args.msg_min, args.msg_max))
     out_dir = Path(args.out)
-    servers, stats = start(out_dir / "logs", args.chunk)
+    variants = args.variants.split(",")
+    servers, stats = start(out_dir / "logs", args.chunk, variants, args.decode_tokens)
     history = [list(s) for s in conv_system]
     rows = []
     try:
@@ -100,7 +117,7 @@ def run(args) -> dict:
             ids = history[conv] + msg
             row = {"conv": conv, "prompt_tokens": len(ids)}
             outputs = {}
-            for name in VARIANTS:
+            for name in variants:
                 before, t0 = sent_bytes(stats), time.perf_counter()
                 o = pd(servers["prefill"], servers[name], ids, args.new)
                 row[name] = {"bytes": sent_bytes(stats) - before, "decode_cached": o["meta_info"]["cached_tokens"],
@@ -108,27 +125,32 @@ def run(args) -> dict:
                 outputs[name] = o["output_ids"]
             row["outputs_agree"] = len({tuple(v) for v in outputs.values()}) == 1
             rows.append(row)
-            history[conv] = ids + outputs["none"]
+            history[conv] = ids + outputs[variants[0]]
             print(json.dumps(row), flush=True)
     finally:
         for s in servers.values():
             s.stop()
-    return summarize(vars(args), rows)
+    # the trace's working set: each distinct system prompt once, plus each conversation's own turns
+    distinct = {tuple(s) for s in conv_system}
+    config = dict(vars(args), distinct_prompt_tokens=sum(map(len, distinct)) + sum(
+        len(h) - len(s) for h, s in zip(history, conv_system)), load_end=os.getloadavg())
+    return summarize(config, rows, variants)
 
 
-def summarize(config: dict, rows: list[dict]) -> dict:
+def summarize(config: dict, rows: list[dict], variants: list[str]) -> dict:
     """Totals, and the prompt tokens each decode cache kept off the wire. Decode's `cached_tokens`
     is the larger of the prefill's and its own hit in PD, so the skipped tokens come from bytes:
     bytes = k * sent tokens + c, k fitted on the `none` rows (which send every prompt token)."""
-    total = {n: sum(r[n]["bytes"] for r in rows) for n in VARIANTS}
+    total = {n: sum(r[n]["bytes"] for r in rows) for n in variants}
     prompt = sum(r["prompt_tokens"] for r in rows)
     a, b = rows[0], next(r for r in rows if r["prompt_tokens"] != rows[0]["prompt_tokens"])
     k = (b["none"]["bytes"] - a["none"]["bytes"]) / (b["prompt_tokens"] - a["prompt_tokens"])
-    skipped = {n: round(sum(r["none"]["bytes"] - r[n]["bytes"] for r in rows) / k) for n in VARIANTS}
+    skipped = {n: round(sum(r["none"]["bytes"] - r[n]["bytes"] for r in rows) / k) for n in variants}
     return {
         "config": config, "requests": len(rows), "prompt_tokens": prompt, "kv_bytes_per_token": k,
-        "bytes": total, "bytes_vs_none": {n: round(total[n] / total["none"], 4) for n in VARIANTS},
-        "prompt_tokens_not_sent": {n: round(skipped[n] / prompt, 4) for n in VARIANTS},
+        "distinct_prompt_tokens": config.get("distinct_prompt_tokens"),
+        "bytes": total, "bytes_vs_none": {n: round(total[n] / total["none"], 4) for n in variants},
+        "prompt_tokens_not_sent": {n: round(skipped[n] / prompt, 4) for n in variants},
         "outputs_agree": all(r["outputs_agree"] for r in rows), "rows": rows,
     }
 
@@ -136,7 +158,7 @@ def summarize(config: dict, rows: list[dict]) -> dict:
 def table_row(result: dict) -> str:
     b, h = result["bytes_vs_none"], result["prompt_tokens_not_sent"]
     return (f"| {result['requests']} req, {result['prompt_tokens']} prompt tokens | "
-            + " | ".join(f"{result['bytes'][n]:,} B ({b[n]:.3f}); {h[n]:.3f} not sent" for n in VARIANTS)
+            + " | ".join(f"{n}: {result['bytes'][n]:,} B ({b[n]:.3f}); {h[n]:.3f} not sent" for n in b)
             + f" | {result['outputs_agree']} |")
 
 
@@ -152,6 +174,9 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=8, help="answer tokens per turn")
     ap.add_argument("--chunk", type=int, default=64, help="prefill --chunked-prefill-size")
     ap.add_argument("--out", default="out/bench_decode_cache")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="decode caches to compare; the first is "
+                    "'none' (the byte model is fitted on its rows)")
+    ap.add_argument("--decode-tokens", type=int, default=0, help="each decode's --max-total-tokens (0: default)")
     args = ap.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     result = run(args)
