@@ -3,8 +3,9 @@
 - a decode with a 1,024-token device pool and a host tier: a prompt its device pool evicted is loaded back
   from the host tier when it comes again with an extension; the decode's hit (decode_prefix_len) covers it,
   and the prefill sends only the KV past it (its transport's byte counter);
-- a decode with a file tier only: a corrupt stored entry is refused (counted), the hit ends at the block
-  before it, and the prefill sends the rest.
+- a decode with a file tier only: the stored entries are read ahead by the prefetch worker from the
+  request's arrival; a corrupt one is refused (counted, removed), the hit ends at the block before it, and
+  the prefill sends the rest.
 Sent bytes follow bytes = k * (prompt - decode hit) + c exactly (test_cachepool_pd.py), with k and c fitted
 on two cold prompts; a decode without a tier would have hit 0 on the evicted prompt: k * prompt + c.
 Greedy tokens equal a colocated server with prefix caching off on every prompt; pool integrity is checked
@@ -125,5 +126,7 @@ def test_a_corrupt_stored_entry_on_decode_is_refused_and_the_prefill_sends_it(fa
     log = _log(farm, "file")
     m = re.search(r"hit extended from (\d+) to 160 tokens \(.*storage_hits=(\d+).*corrupt=1", log)
     assert m and int(m.group(2)) == (160 - int(m.group(1))) // BS, m
+    # read on the prefetch worker from the request's arrival (DecodePreallocQueue.add), refused there
+    assert re.search(r"tier prefetch for \S+: 10 entries staged in [\d.]+ ms \(ended: refused\)", log)
     assert not entry.exists()  # the refused entry was removed from the store
     assert "AssertionError" not in log

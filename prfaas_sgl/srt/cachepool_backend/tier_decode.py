@@ -58,17 +58,18 @@ class KvTiers(Tiers):
         row = torch.zeros(k * bs, dtype=torch.int64, device=c.device)
         pos_of, taken, reached = {}, 0, k0
         try:
+            # every block written lies before `reached` (the walk stops at the first failure): the commit
+            # hands all `taken` slot blocks to the tree, as Tiers' interval commit does
             reached, taken = self._fill_kv(hashes, k0, k, row, kv_slots, pos_of)
             if reached > k0:
-                insert = Insert(row, {h: j for h, j in pos_of.items() if j < reached})
+                insert = Insert(row, pos_of)
                 c.pool.grow(load_id, reached * bs)
                 c._drain()
                 c.pool.commit(load_id, reached * bs)
                 c._drain(insert)
-                assert len(insert.stored_blocks) == len(insert.pos_of), "a loaded entry was not indexed"
-                taken = len(insert.pos_of)
+                assert len(insert.stored_blocks) == len(pos_of), "a loaded entry was not indexed"
         finally:
-            if taken < len(kv_slots):  # slots of blocks past the hit, or never filled
+            if taken < len(kv_slots):  # slot blocks never written: no entry, or a refused one
                 c.token_to_kv_pool_allocator.free(torch.cat(kv_slots[taken:]))
         self.loaded_blocks += reached - k0
         return reached
