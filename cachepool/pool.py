@@ -116,8 +116,13 @@ class HybridCachePool:
         SGLang locks every match it runs, so this is on each request's path)."""
         if req_id in self._reqs or req_id in self._pins:
             raise ValueError(f"request {req_id!r} is already admitted; free() it first")
-        k = self._hit_blocks(hashes, len(hashes) * self.cfg.block_size + 1)
-        held = self._pins[req_id] = [m.hit_blocks(hashes, k) for m in self.managers]
+        k = len(hashes)
+        try:  # nothing evicted since the match (the usual case): every group's hit reads its k blocks
+            held = [m.hit_blocks(hashes, k) for m in self.managers]
+        except KeyError:  # a group lacks one of them: the hit every group still has, as a match finds it
+            k = self._hit_blocks(hashes, k * self.cfg.block_size + 1)
+            held = [m.hit_blocks(hashes, k) for m in self.managers]
+        self._pins[req_id] = held
         for blocks in held:
             self.blocks.incref(blocks)
         return k

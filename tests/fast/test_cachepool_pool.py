@@ -234,6 +234,26 @@ def test_a_pin_releases_its_hit_in_the_order_an_admitted_request_does(groups):
     assert order[0] == order[1]
 
 
+@pytest.mark.parametrize("groups", [(full(), linear()), (full(), swa(6))], ids=["linear", "swa"])
+def test_a_pin_after_evictions_pins_what_a_match_would_hit(groups):
+    """A pin takes the whole hit when every group still holds its blocks, and otherwise the hit a match
+    finds now (each eviction in LRU order, one at a time), never a block outside it."""
+    tokens = list(range(17))
+    pool = make(60, *groups)
+    run(pool, "r", tokens)
+    pool.free("r")
+    hashes = block_hashes(tokens, BS)[:4]
+    while True:
+        want = pool._hit_blocks(hashes, 4 * BS + 1)
+        assert pool.pin("p", hashes) == want
+        assert pool.held("p") == [m.hit_blocks(hashes, want) for m in pool.managers]
+        pool.check_integrity()
+        pool.free("p")
+        if not pool.evict_lru():
+            break
+    assert want == 0
+
+
 def test_duplicate_content_keeps_first_copy():
     pool = make(10, full())
     pool.admit("a", list(range(9)))

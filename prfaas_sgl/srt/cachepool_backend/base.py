@@ -207,8 +207,7 @@ class PrfaasHybridCache(BasePrefixCache):
 
     def dec_lock_ref(self, node: Node, params=None) -> DecLockRefResult:
         if params is not None and params.node_id is not None:
-            self.pool.free(f"lock:{params.node_id}")
-            self._drain()
+            self.pool.free(f"lock:{params.node_id}")  # a pin only drops references: no event to drain
         return DecLockRefResult(delta=0)
 
     def path_device_indices(self, node: Node) -> torch.Tensor:

@@ -32,8 +32,8 @@ def free(cache, kv, pieces: list[tuple[int, int]], sglang_free_kv_row: Callable)
     when there are several pieces."""
     allocator = cache.token_to_kv_pool_allocator
     if cache.sliding_window_size is None and cache.page_size == 1:
-        row = cache.req_to_token_pool.req_to_token[kv.req_pool_idx]
-        slots = [row[start:end] for start, end in pieces if start < end]
+        table, r = cache.req_to_token_pool.req_to_token, kv.req_pool_idx
+        slots = [table[r, start:end] for start, end in pieces if start < end]  # one index op a piece
         if slots:
             allocator.free(slots[0] if len(slots) == 1 else torch.cat(slots))
         return
