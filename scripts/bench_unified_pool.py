@@ -105,6 +105,10 @@ def batch_stats(log_text: str) -> dict:
             "prefill_passes": len(batches), "prefill_tokens": sum(t for _, t, _, _ in batches)}
 
 
+def server_env(omp_threads: int | None) -> dict:
+    return {} if omp_threads is None else {"OMP_NUM_THREADS": str(omp_threads)}
+
+
 def server_order(names: list[str], rnd: int) -> list[str]:
     """Odd rounds reversed: the per-round ratio compares runs a few seconds apart either way round."""
     return list(names) if rnd % 2 == 0 else list(reversed(names))
@@ -149,6 +153,10 @@ def main() -> None:
                     help="comma-separated subset of the servers (sglang, the reference, is always run)")
     ap.add_argument("--fork", action="store_true",
                     help="fork SGLang's scheduler and detokenizer instead of spawning them (starts ~3x faster)")
+    ap.add_argument("--omp-threads", type=int, default=None,
+                    help="OMP_NUM_THREADS of every server (default: torch's, all cores). On a machine shared with "
+                         "other work, 1 makes a busy core slow a server down evenly instead of stalling its OpenMP "
+                         "regions on a descheduled thread (decode steps of 0.8-2 s instead of 20 ms were seen)")
     args = ap.parse_args()
     names = ["sglang"] + [n for n in args.servers.split(",") if n and n != "sglang"]
     unknown = sorted(set(names) - set(CONFIGS))
@@ -161,6 +169,7 @@ def main() -> None:
     args.profile_used = profile
     servers = {name: SGLangServer(ServerSpec(str(path), free_port(), **MEMORY, **profile["sched"],
                                              log_path=f"{args.log_dir}/{name}.log", fork_children=args.fork,
+                                             env=server_env(args.omp_threads),
                                              extra_args=CONFIGS[name] + ("--enable-cache-report",)))
                for name in names}
     try:

@@ -71,3 +71,9 @@ def test_the_summary_lists_each_round_ratio_and_the_cpu_ratio():
     assert s["x_rounds"] == [1.1, 0.9, 1.2] and s["x_sglang"] == 1.1
     assert s["cpu_x_rounds"] == [1.25, 1.1, 1.25] and s["cpu_x_sglang"] == 1.25
     assert (s["prefill_passes"], s["prefill_tokens"]) == (10, 5000)
+
+
+def test_omp_threads_reach_every_server_only_when_asked():
+    b = _bench()
+    assert b.server_env(None) == {}
+    assert b.server_env(1) == {"OMP_NUM_THREADS": "1"}
