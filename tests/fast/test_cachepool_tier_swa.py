@@ -188,10 +188,35 @@ def test_tier_flags_serve_colocated_and_pd_prefill_sliding_window_servers(tmp_pa
     assert isinstance(_cache(tmp_path, mode=mode, tier_host_bytes=1 << 20)[0].tiers, WindowTiers)
 
 
-def test_tier_flags_on_a_pd_decode_sliding_window_server_are_refused_with_the_reason(tmp_path):
-    with pytest.raises(ValueError, match="not on a PD decode server of a sliding-window hybrid .*full-attention "
-                                         "pages without window pages"):
-        _cache(tmp_path, mode="decode", tier_host_bytes=1 << 20)
+def test_a_sliding_window_decode_loads_an_evicted_prefix_into_full_pages_only(tmp_path):
+    """A PD decode (DecodeWindowKvCache, KV only): a request as SGLang preallocates it (SWA peers for its
+    tail only) is released, its 7 full blocks evicted into the host tier; a later match capped before the
+    new request's tail (SGLang's max_prefix_len) is loaded back into full pages from the full side of the
+    allocator, byte-exact, no window page taken, everything given back on eviction."""
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+    from prfaas_sgl.srt.cachepool_backend.tier_decode import WindowKvTiers
+
+    from . import test_cachepool_backend_swa_paged as paged
+
+    cache, alloc, kv = _cache(tmp_path, mode="decode", tier_host_bytes=1 << 20)
+    assert type(cache.tiers) is WindowKvTiers
+    req, done = paged._request(cache, 0, PROMPT)
+    new = paged._alloc(alloc, cache.req_to_token_pool.req_to_token[0], 0, 120, swa_tail=24)
+    req.kv.set_evicted_seqlen(ComponentType.SWA, 120 - 24)
+    g = torch.Generator().manual_seed(11)
+    for t in _tensors(kv.full_kv_pool):  # what prfaas_zmq wrote into the full slots
+        t[new] = torch.randn(t[new].shape, generator=g)
+    want = [_at(kv.full_kv_pool, int(s)) for s in new[:112]]
+    paged._release(cache, req, done, 120)
+    cache.evict(EvictParams(num_tokens=FULL_SLOTS))
+    assert not cache.mirror.kv_of and cache.tiers.stack.stats.put == 7  # KV entries only
+    node = paged._match(cache, PROMPT + [7] * 30, limit=112)
+    assert len(node.tokens) == 96 and cache.tiers.loaded_blocks == 6  # the key's last token stays uncached
+    for i, s in enumerate(cache.path_device_indices(node).tolist()):
+        assert torch.equal(_at(kv.full_kv_pool, s), want[i]), i
+    assert alloc.swa_available_size() == SWA_SLOTS and alloc.full_available_size() == FULL_SLOTS - 96
+    paged._drained(cache, alloc)
 
 
 def test_the_window_plan_needs_the_last_window_blocks_and_device_windows_before_the_device_hit():

@@ -32,7 +32,8 @@ STOP_GRACE_S = 1.0
 # `prfaas up` starts them: ServerSpec without fork_children) and test_plugin_cli.
 FORKED = frozenset({
     "test_cachepool_pd", "test_cachepool_sglang", "test_cachepool_tiers", "test_cachepool_tiers_shared",
-    "test_cachepool_tiers_pd_decode", "test_cachepool_tiers_swa", "test_cross_cluster", "test_families", "test_layerwise",
+    "test_cachepool_tiers_pd_decode", "test_cachepool_tiers_pd_decode_swa", "test_cachepool_tiers_swa",
+    "test_cross_cluster", "test_families", "test_layerwise",
     "test_prfaas_zmq", "test_prfaas_zmq_dense", "test_prfaas_zmq_faults", "test_prfaas_zmq_optimistic",
     "test_router_decode_cache", "test_router_e2e", "test_serving_cpu", "test_unified_pool",
 })

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.request
 from pathlib import Path
 
@@ -69,13 +70,25 @@ def _sent_bytes(farm) -> int:
     return sum(link["bytes_total"] for link in doc["links"].values())
 
 
+def _settled(farm, before: int) -> int:
+    """The prefill's sent bytes once they stop growing (the last ack can land just after decode answers)."""
+    last, deadline = _sent_bytes(farm), time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = _sent_bytes(farm)
+        if now == last and now > before:
+            return now
+        last = now
+    return last
+
+
 def _pd(farm, decode: str, ids: list[int]) -> tuple[dict, int]:
     """(decode's answer, bytes the prefill sent for it); tokens checked against the no-cache server."""
     p, before = farm["prefill"], _sent_bytes(farm)
     out = pd_generate(p.url, farm[decode].url, p.spec.bootstrap_port, generate_body(ids, NEW))
     assert "output_ids" in out and not out.get("error"), out
     assert out["output_ids"] == post(farm["nocache"].url + "/generate", generate_body(ids, NEW))["output_ids"]
-    return out, _sent_bytes(farm) - before
+    return out, _settled(farm, before) - before
 
 
 def _cold(farm, decode: str, path: str, seed: int) -> tuple[list[list[int]], int, int]:

@@ -64,12 +64,9 @@ def attach(cache, ctx, mode: str):
     if cfg.tier_host_bytes == 0 and cfg.tier_storage == "none":
         return cache
     from .tier_prefetch import enable as enable_prefetch
-    from .tier_window import WindowTiers, window_bytes
 
     kind = _tiers_kind(cache, mode)
-    sliding = kind is WindowTiers
-    io = window_bytes(cache) if sliding else PoolBytes(cache.token_to_kv_pool_allocator.get_kvcache(),
-                                                        cache.req_to_token_pool.mamba_pool, cache.bs)
+    io = _pool_bytes(cache, kind)
     fp = Fingerprint(f"{ctx.server_args.model_path}|tp{ctx.tp_rank}/{ctx.tp_size}|{io.layout()}"
                      f"|seed={cache.pool.cfg.hash_seed}")
     host = HostTier(cfg.tier_host_bytes) if cfg.tier_host_bytes else None
@@ -104,22 +101,31 @@ def _tiers_kind(cache, mode: str) -> type:
     from .decode_kv import DecodeKvCache, DecodeWindowKvCache
     from .linear import LinearStateCache
     from .sliding import SlidingWindowCache
-    from .tier_decode import KvTiers
+    from .tier_decode import KvTiers, WindowKvTiers
     from .tier_window import WindowTiers
 
-    if isinstance(cache, DecodeWindowKvCache):
-        # its tree keeps full slots without window pages, and SGLang's paged SWA allocator hands out a
-        # full slot only paired with a window page: a load would need full-only pages, not built yet
-        raise ValueError("--prfaas-tier-*: not on a PD decode server of a sliding-window hybrid (its cache keeps "
-                         "full-attention pages without window pages, which SGLang's SWA allocator does not hand "
-                         "out; the tiers load into such pages only on colocated and PD prefill servers); run this "
-                         "decode without --prfaas-tier-* flags")
+    if isinstance(cache, DecodeWindowKvCache) and mode == "decode":
+        return WindowKvTiers  # before SlidingWindowCache: it is one
     if isinstance(cache, DecodeKvCache) and mode == "decode":
         return KvTiers
     if isinstance(cache, (LinearStateCache, SlidingWindowCache)) and mode in ("null", "prefill"):
         return WindowTiers if isinstance(cache, SlidingWindowCache) else Tiers
     raise ValueError("--prfaas-tier-*: the host and storage tiers serve colocated, PD prefill and PD decode servers "
                      f"of hybrid models only (this server: {type(cache).__name__}, mode {mode})")
+
+
+def _pool_bytes(cache, kind: type) -> PoolBytes:
+    """What the tiers read and write of SGLang's pools: KV and states (linear), KV and windows (sliding
+    window, colocated or prefill), KV only (a decode)."""
+    from .tier_decode import WindowKvTiers
+    from .tier_window import WindowTiers, window_bytes
+
+    kvcache = cache.token_to_kv_pool_allocator.get_kvcache()
+    if kind is WindowTiers:
+        return window_bytes(cache)
+    if kind is WindowKvTiers:
+        return PoolBytes(kvcache, None, cache.bs)
+    return PoolBytes(kvcache, cache.req_to_token_pool.mamba_pool, cache.bs)
 
 
 def _storage_state(cfg, stack: TierStack, pending) -> str:

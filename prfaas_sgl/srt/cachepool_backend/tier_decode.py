@@ -1,4 +1,5 @@
-"""Tiers under a PD decode server's KV-only cache (decode_kv.DecodeKvCache: hybrid linear attention).
+"""Tiers under a PD decode server's KV-only caches (decode_kv.DecodeKvCache for hybrid linear attention,
+DecodeWindowKvCache for sliding-window hybrids: WindowKvTiers).
 
 A decode hit is SGLang's decode_prefix_len: the prefill sends only the KV past it, plus the request's
 state at the prompt end whatever the hit. So a decode hit needs KV alone, at any block boundary, and the
@@ -20,6 +21,7 @@ _prefetch_kvcache nor get_new_batch_prefill).
 from __future__ import annotations
 
 import torch
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
 from prfaas_sgl.cachepool.tiers import KV
 from prfaas_sgl.cachepool.tiers.plan import extension
@@ -70,7 +72,7 @@ class KvTiers(Tiers):
                 assert len(insert.stored_blocks) == len(pos_of), "a loaded entry was not indexed"
         finally:
             if taken < len(kv_slots):  # slot blocks never written: no entry, or a refused one
-                c.token_to_kv_pool_allocator.free(torch.cat(kv_slots[taken:]))
+                self._free_slots(torch.cat(kv_slots[taken:]))
         self.loaded_blocks += reached - k0
         return reached
 
@@ -89,3 +91,25 @@ class KvTiers(Tiers):
             row[j * bs:(j + 1) * bs] = kv_slots[taken]
             pos_of[h], taken = j, taken + 1
         return k, taken
+
+    def _free_slots(self, slots: torch.Tensor) -> None:
+        self.cache.token_to_kv_pool_allocator.free(slots)
+
+
+class WindowKvTiers(KvTiers):
+    """A sliding-window decode (DecodeWindowKvCache): its tree holds full-attention pages without window
+    pages (SGLang's decode allocates the request's SWA tail fresh and matches before it), so a load takes
+    full slots only, from the full side of SGLang's SWA allocator, and gives unused ones back there."""
+
+    def _allocate(self, hashes, k0, k, step) -> tuple[list[torch.Tensor], list]:
+        from .tier_window import _blocks
+
+        c, bs = self.cache, self.cache.bs
+        n = len(self._missing(hashes, k0, k, step)[0])
+        full = c.token_to_kv_pool_allocator.full_attn_allocator
+        if full.available_size() < n * bs:
+            c.evict(EvictParams(num_tokens=n * bs))
+        return _blocks(full, n, bs), []
+
+    def _free_slots(self, slots: torch.Tensor) -> None:
+        self.cache.mirror.swa.free_full(slots)
