@@ -11,8 +11,9 @@ Each phase sends all its requests at once to one server at a time (the servers d
 while measured; odd rounds take the servers in reverse order, so a load trend on a shared machine does
 not always fall on the same one). Per phase and server: wall time, requests/s, the most requests running
 at once and the longest queue, prefill passes and the prompt tokens they computed (from SGLang's "Prefill
-batch" log lines: the work, which load does not change), the CPU seconds of the server's processes (less
-sensitive to other work on the machine than the wall time), prefix hit rate (cached / prompt tokens), and
+batch" log lines: the work, which load does not change), the CPU seconds of the server's processes (they
+leave out time spent waiting for a core, not the time a busy machine adds to each operation), prefix hit
+rate (cached / prompt tokens), and
 whether the greedy outputs equal the `sglang` server's. SGLang's own unified pool is not a peer here: it
 refuses torch_native, the CPU attention backend (docs/unified-memory.md section 2).
 
@@ -142,7 +143,7 @@ def run_phase(server: SGLangServer, prompts: list[list[int]], new: int, warm_fir
     }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--profile", choices=sorted(PROFILES), default="memory-bound")
@@ -158,10 +159,15 @@ def main() -> None:
                          "other work, 1 makes a busy core slow a server down evenly instead of stalling its OpenMP "
                          "regions on a descheduled thread (decode steps of 0.8-2 s instead of 20 ms were seen)")
     args = ap.parse_args()
-    names = ["sglang"] + [n for n in args.servers.split(",") if n and n != "sglang"]
-    unknown = sorted(set(names) - set(CONFIGS))
+    args.names = ["sglang"] + [n for n in args.servers.split(",") if n and n != "sglang"]
+    unknown = sorted(set(args.names) - set(CONFIGS))
     if unknown:
         ap.error(f"unknown servers {unknown}; choose from {sorted(CONFIGS)}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     path = ensure(MODEL)
     vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)
@@ -171,7 +177,7 @@ def main() -> None:
                                              log_path=f"{args.log_dir}/{name}.log", fork_children=args.fork,
                                              env=server_env(args.omp_threads),
                                              extra_args=CONFIGS[name] + ("--enable-cache-report",)))
-               for name in names}
+               for name in args.names}
     try:
         for srv in servers.values():
             srv.start()
@@ -196,7 +202,8 @@ def report(results: dict, args) -> None:
     summary = {name: summarize(rows, results["sglang"]) for name, rows in results.items()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"model": MODEL, "memory": MEMORY, "profile": args.profile,
-                                          **args.profile_used, "seed": args.seed, "summary": summary,
+                                          **args.profile_used, "seed": args.seed, "fork": args.fork,
+                                          "omp_threads": args.omp_threads, "summary": summary,
                                           "results": results}, indent=1))
     print("| phase | server | ok | req/s median [min, max] | x sglang (per round) | CPU x sglang (per round) "
           "| prefill passes / tokens | max running | max queued | hit rate | same outputs |")

@@ -4,6 +4,7 @@ the server order per round, and the per-round ratios the summary reports."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 import time
@@ -77,3 +78,20 @@ def test_omp_threads_reach_every_server_only_when_asked():
     b = _bench()
     assert b.server_env(None) == {}
     assert b.server_env(1) == {"OMP_NUM_THREADS": "1"}
+
+
+def test_the_report_prints_each_round_and_records_how_the_servers_ran(tmp_path, capsys):
+    b = _bench()
+
+    def rows(rps, cpu):
+        return [{"round": 0, "phase": "long", "requests": 1, "ok": 1, "requests_per_s": rps, "cpu_s": cpu,
+                 "prefill_passes": 3, "prefill_tokens": 1496, "max_running": 1, "max_queued": 0,
+                 "prefix_hit_rate": 0.0, "outputs": [[1, 2]]}]
+
+    args = type("A", (), dict(out=str(tmp_path / "r.json"), profile="memory-bound", profile_used={"rounds": 1},
+                              seed=17, fork=True, omp_threads=1))()
+    b.report({"sglang": rows(2.0, 1.0), "unified": rows(2.2, 0.8)}, args)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| long | unified"))
+    assert "| 1.1 (1.10) | 1.25 (1.25) | 3 / 1496 |" in line and line.endswith("| 1/1 |")
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert (saved["fork"], saved["omp_threads"]) == (True, 1)
