@@ -2,10 +2,11 @@
 DecodeWindowKvCache for sliding-window hybrids: WindowKvTiers).
 
 A decode hit is SGLang's decode_prefix_len: the prefill sends only the KV past it, plus the request's
-state at the prompt end whatever the hit. So a decode hit needs KV alone, at any block boundary, and the
-tiers extend it with a KV-only plan: what the decode's device pool evicted (demoted as KV entries by
-Tiers.demote, the same entry format, checksums, MAC and layout fingerprint as a prefill's) is loaded back
-into fresh KV slots and indexed before SGLang locks the match.
+state (linear attention) or the window pages of its tail (sliding window) whatever the hit. So a decode
+hit needs KV alone, at any block boundary, and the tiers extend it with a KV-only plan: what the decode's
+device pool evicted (demoted as KV entries by Tiers.demote: a prefill's entry format, CRC and MAC; the
+layout fingerprint names the decode's own block size) is loaded back into fresh KV slots and indexed
+before SGLang locks the match.
 
     blocks   [0 ...... k0)[k0 ................................ k)      limit = (prompt - 1) // bs
     device   the pool's hit
