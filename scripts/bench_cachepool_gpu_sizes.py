@@ -2,9 +2,9 @@
 
 Each tree runs on SGLang's real CPU allocators (`TokenToKVPoolAllocator`, page 1; `HybridReqToTokenPool`
 with its Mamba slot allocator) at `--kv-tokens` slots, driven as the scheduler drives it: match on
-prompt[:-1], lock, allocate the rest, a checkpoint (SGLang: an insert with a state copy) at every chunk
-end counted from the hit, then release (checkpoint at the end, free the row, unlock). The cache is filled
-with distinct `--fill-prompt`-token requests to ~95 % of the slots, then measured:
+prompt[:-1], lock, allocate the rest, a checkpoint at every chunk end counted from the hit (ours also
+at the match's branch point), then release (checkpoint at the end, free the row, unlock, on_release).
+The cache is filled with distinct `--fill-prompt`-token requests to ~95 % of the slots, then measured:
 
   sizes       each size query SGLang reads per scheduler step, µs per call (median of --calls)
   evict       evict(num_tokens=--evict-tokens) three times: ms per call, allocator free() calls per call
@@ -23,9 +23,10 @@ region waits for a second core held by another process (16 ms stalls measured on
 load 2 on 2 cores); `--clock wall --threads 0` measures that. Matches: median of --match-calls calls.
 
 "before": our code at --base-rev (`git archive`, imported in a worker in its place), "after" the working
-tree, "sglang" `UnifiedRadixCache` FULL+MAMBA (0.5.23's build for hybrid GDN; page 1, as no_buffer needs),
-each chunk end's state a copy of the request's, as its checkpoint makes it; both trees write the KV row
-(alloc_for_extend does for any tree). Seeded; one worker at a time.
+tree, "sglang" `UnifiedRadixCache` FULL+MAMBA (0.5.23's build for hybrid GDN; page 1, as no_buffer needs)
+driven through the calls SGLang's scheduler makes on it per request (scripts/_cachepool_sglang_side.py:
+its checkpoint_into_tree at each chunk end and at release, free_kv_row, unlock, on_release); both trees
+write the KV row (alloc_for_extend does for any tree). Seeded; one worker at a time.
 
 Run:  .venv/bin/python scripts/bench_cachepool_gpu_sizes.py --kv-tokens 500000 2000000 --out out/bench_cachepool_gpu_sizes.json
 """
@@ -42,6 +43,8 @@ import tempfile
 import time
 from array import array
 from pathlib import Path
+
+from _cachepool_sglang_side import Sglang, key
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_REV = "b7bbc14"  # last change to cachepool/ and the backend before the GPU-size rework
@@ -73,12 +76,6 @@ def ms(t0: float) -> float:
 def prompt(i: int, n: int) -> array:
     """Request i's tokens: distinct across requests for n <= 200,000 (no shared blocks)."""
     return array("q", range((i + 1) * 200_000, (i + 1) * 200_000 + n))
-
-
-def key(ids: array):
-    """SGLang 0.5.23's match key (Req.init_next_round_input): the request's array, capped by a limit."""
-    from sglang.srt.mem_cache.radix_cache import RadixKey
-    return RadixKey(ids, limit=len(ids) - 1)
 
 
 class Counted:
@@ -173,62 +170,6 @@ class Ours:
         return self.cache.total_size()
 
 
-class Sglang:
-    def __init__(self, alloc, pool, cache, chunk: int) -> None:
-        self.alloc, self.pool, self.cache, self.chunk = alloc, pool, cache, chunk
-
-    def match(self, ids: array, rid: str, req=None):
-        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
-        return self.cache.match_prefix(MatchPrefixParams(key=key(ids)))
-
-    def _slot(self):
-        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
-        s = self.pool.mamba_allocator.alloc(1)
-        if s is None:
-            self.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
-            s = self.pool.mamba_allocator.alloc(1)
-        return s
-
-    def serve(self, ids: array, rid: str, times: dict | None = None) -> int:
-        """One request: a state cached at each chunk end past the hit, the branch point and the end."""
-        import torch
-        from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
-        from sglang.srt.mem_cache.radix_cache import RadixKey
-        m = self.match(ids, rid)
-        node, p = m.last_device_node, m.device_prefix_len
-        lock = self.cache.inc_lock_ref(node)
-        own, need = self._slot(), len(ids) - p
-        if self.alloc.available_size() < need:
-            self.cache.evict(EvictParams(num_tokens=need - self.alloc.available_size()))
-        self.pool.req_to_token[0, :len(ids)] = values = torch.cat([self.cache.path_device_indices(node)[:p],
-                                                                   self.alloc.alloc(need)])
-        prev, branching = p, m.mamba_branching_seqlen
-        ends = set(range(p + self.chunk, len(ids), self.chunk)) | {len(ids)}
-        if branching is not None and p < branching < len(ids):
-            ends.add(branching)
-        for end in sorted(ends):
-            t0 = NOW()
-            state = own if end == len(ids) else self._slot()
-            if end < len(ids):  # an unfinished request's state is forked (MambaComponent.prepare_for_caching_req)
-                self.pool.mamba_pool.copy_from(*map(self.pool.translate_mamba_indices, (own, state)))
-            r = self.cache.insert(InsertParams(key=RadixKey(ids[:end]), value=values[:end], mamba_value=state,
-                                               prev_prefix_len=prev))
-            if r.mamba_exist:
-                self.pool.mamba_allocator.free(state)
-            prev = end
-            if times is not None:
-                times["checkpoint" if end < len(ids) else "release"].append(ms(t0))
-        self.cache.dec_lock_ref(node, lock.to_dec_params())
-        return p
-
-    def evict(self, tokens: int) -> None:
-        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
-        self.cache.evict(EvictParams(num_tokens=tokens))
-
-    def cached_tokens(self) -> int:
-        return self.cache.full_evictable_size() + self.cache.full_protected_size()
-
-
 def per_call_us(fn, calls: int) -> float:
     fn()
     us = []
@@ -259,7 +200,7 @@ def worker(a) -> dict:
     mamba_slots = max(64, kv_tokens // 4096)
     alloc, pool, sg_cache = peer.build(kv_tokens, mamba_slots, max(a.long_prompt, a.fill_prompt) + 1, in_flight=1)
     kv_free, state_free = Counted(alloc), Counted(pool.mamba_allocator)
-    tree = Sglang(alloc, pool, sg_cache, a.chunk) if a.worker == "sglang" else Ours(alloc, pool, a.chunk, a.ours_block)
+    tree = Sglang(alloc, pool, sg_cache, a.chunk, NOW) if a.worker == "sglang" else Ours(alloc, pool, a.chunk, a.ours_block)
     t0, i = NOW(), 0
     while tree.cached_tokens() < 0.95 * kv_tokens - a.fill_prompt:
         tree.serve(prompt(i, a.fill_prompt), f"fill-{i}")
