@@ -99,6 +99,15 @@ def _log(farm, name: str) -> str:
     return farm[name].log_path.read_text(errors="replace")
 
 
+def _wait_log(farm, name: str, text: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while text not in _log(farm, name):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def _computed_remotely_then_extended(farm, router, model_paths, seed: int) -> list[int]:
     """A BASE-token prompt through the router: PrfaaS computes it and publishes a KV block and a state per
     chunk (the last chunk's state may be the request's end state); returns its extension by EXT tokens."""
@@ -139,7 +148,10 @@ def test_with_the_store_down_the_extension_is_recomputed_within_the_rpc_timeout(
     assert out["output_ids"] == ref["output_ids"]
     assert TIMINGS["fallback_s"] < TIMINGS["recompute_nocache_s"] + RPC_BOUND_S, TIMINGS
     assert _log(farm, "local").count("hit extended from") == loads  # nothing loaded: recomputed
-    assert "treated as a miss" in _log(farm, "local")  # the tier's log of the failed store call
+    # the tier's log of the failed store call. The prefetch worker makes that call; when its hold (one
+    # call deadline) ends first, the request is recomputed and may be answered before the call fails and
+    # is logged (seen once in a clean-clone CI on a loaded machine), so the line may follow the response
+    assert _wait_log(farm, "local", "treated as a miss", RPC_BOUND_S)
     for name in ("prfaas", "local", "decode"):
         with urllib.request.urlopen(farm[name].url + "/health", timeout=10) as r:
             assert r.status == 200
