@@ -121,7 +121,7 @@ class Ours:
         if block:
             from prfaas_sgl.srt.cachepool_backend import config
             cache = type(cache)(params, config.from_server(chunk, alloc.size, pool.mamba_pool.size, block_size=block))
-        self.cache, self.alloc, self.pool, self.chunk = cache, alloc, pool, chunk
+        self.cache, self.alloc, self.pool, self.chunk, self.block = cache, alloc, pool, chunk, block
 
     def match(self, ids: array, rid: str, req=None):
         from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
@@ -145,8 +145,9 @@ class Ours:
             c.evict(EvictParams(num_tokens=need - self.alloc.available_size()))
         self.pool.req_to_token[0, :len(ids)] = __import__("torch").cat([prefix, self.alloc.alloc(need)])
         kv.cache_protected_len = p = len(prefix)
-        # the first chunk ends at the match's branch point (--prfaas-unified-pool: slab_admission.py)
-        branch = getattr(m, "mamba_branching_seqlen", None)
+        # the first chunk ends at the match's branch point only on --prfaas-unified-pool (slab_admission.py,
+        # --ours-block set); a server without it chunks on the grid, as SGLang's no-buffer scheduler does
+        branch = getattr(m, "mamba_branching_seqlen", None) if self.block else None
         first = [branch] if branch is not None and p < branch < len(ids) else []
         for up_to in first + list(range((first or [p])[0] + self.chunk, len(ids), self.chunk)):
             t0 = NOW()
