@@ -2,7 +2,9 @@
 one-machine demo start for the Mooncake storage tier. Every address is 127.0.0.1, over TCP."""
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -55,6 +57,31 @@ class MooncakeMaster:
             self.proc.kill()
             self.proc.wait()
             self.proc = None
+
+    def hang(self, timeout_s: float = 5.0) -> None:
+        """SIGSTOP: the master keeps accepting connections and answers nothing (the fault tests' hung store).
+        Returns once every thread is stopped. kill() only queues the signal: the kernel stops the other
+        threads when the one it woke gets a CPU, and until then (milliseconds on a loaded machine) an RPC
+        thread woken by a request still answers it."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout_s
+        while not self._all_threads_stopped():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"mooncake_master {self.proc.pid} not stopped {timeout_s} s after SIGSTOP")
+            time.sleep(0.005)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def _all_threads_stopped(self) -> bool:
+        tasks = Path(f"/proc/{self.proc.pid}/task")
+        states = []
+        for t in tasks.iterdir():
+            try:  # state is the field after "(comm)"; comm may hold spaces or parentheses
+                states.append((t / "stat").read_text().rsplit(")", 1)[1].split()[0])
+            except (FileNotFoundError, IndexError):
+                continue  # a thread that exited meanwhile
+        return bool(states) and all(s == "T" for s in states)
 
     def metric(self, name: str) -> float:
         """One sample of the master's own Prometheus /metrics (e.g. master_exist_key_requests_total: the

@@ -5,7 +5,6 @@ fault (corrupt entry, tier too small, another model's entries) ends the hit earl
 from __future__ import annotations
 
 import os
-import signal
 import time
 from array import array
 from types import SimpleNamespace as NS
@@ -304,7 +303,7 @@ def test_a_mooncake_master_that_never_answers_at_start_holds_start_up_only_for_t
     monkeypatch.setattr(tier_cache, "STORAGE_RETRY_S", 0.5)
     monkeypatch.setattr(storage, "SETUP_PROBE_TIMEOUT_S", 1.0)
     master = MooncakeMaster().start()
-    os.kill(master.proc.pid, signal.SIGSTOP)
+    master.hang()
     cache = None
     try:
         t0 = time.monotonic()
@@ -313,7 +312,7 @@ def test_a_mooncake_master_that_never_answers_at_start_holds_start_up_only_for_t
         stack = cache.tiers.stack
         assert stack.storage is None and stack.stats.storage_attach_failures >= 1
         assert master.addr in caplog.text and "no answer" in caplog.text
-        os.kill(master.proc.pid, signal.SIGCONT)
+        master.resume()
         _wait_attached(stack)
         _compute(cache, mamba, kv, kvcache, PROMPT, seed=12)
         _evict_all(cache)
@@ -323,5 +322,5 @@ def test_a_mooncake_master_that_never_answers_at_start_holds_start_up_only_for_t
     finally:
         if cache is not None:
             cache.tiers.attacher.stop()
-        os.kill(master.proc.pid, signal.SIGCONT)
+        master.resume()
         master.stop()

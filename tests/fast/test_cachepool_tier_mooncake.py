@@ -4,7 +4,6 @@ entry, the master killed (misses within one RPC timeout, never an exception) and
 from __future__ import annotations
 
 import os
-import signal
 import time
 
 import pytest
@@ -88,7 +87,7 @@ def test_a_hung_master_holds_the_caller_no_longer_than_the_call_deadline(master)
     store = MooncakeStoreBackend(master.addr)
     stack = TierStack(FP, None, store, retry_s=0.5, call_timeout_s=1.0)
     stack.put(KV, 30, PAYLOAD)
-    os.kill(master.proc.pid, signal.SIGSTOP)
+    master.hang()
     try:
         t0 = time.monotonic()
         assert stack.get(KV, 30, len(PAYLOAD)) is None
@@ -101,7 +100,7 @@ def test_a_hung_master_holds_the_caller_no_longer_than_the_call_deadline(master)
         assert stack.present([(KV, 30), (KV, 31)]) == set() and time.monotonic() - t2 < 0.5
         assert stack.stats.storage_errors >= 2
     finally:
-        os.kill(master.proc.pid, signal.SIGCONT)
+        master.resume()
     deadline = time.monotonic() + 40  # the stuck call returns once the master answers again
     while time.monotonic() < deadline and stack.get(KV, 30, len(PAYLOAD)) is None:
         time.sleep(0.5)
@@ -124,7 +123,7 @@ def test_a_master_that_accepts_and_never_answers_at_setup_is_named_within_the_pr
     master runs again the backend sets up and an entry round-trips."""
     from prfaas_sgl.cachepool.tiers.storage import SETUP_PROBE_TIMEOUT_S
 
-    os.kill(master.proc.pid, signal.SIGSTOP)
+    master.hang()
     try:
         t0 = time.monotonic()
         with pytest.raises(ConnectionError, match=f"{master.addr} accepts connections but .* no answer"):
@@ -132,7 +131,7 @@ def test_a_master_that_accepts_and_never_answers_at_setup_is_named_within_the_pr
         assert SETUP_PROBE_TIMEOUT_S <= time.monotonic() - t0 < SETUP_PROBE_TIMEOUT_S + 2.0
         assert _children() == {master.proc.pid}
     finally:
-        os.kill(master.proc.pid, signal.SIGCONT)
+        master.resume()
     store = MooncakeStoreBackend(master.addr)
     assert store.put("after-sigcont", PAYLOAD) and store.get("after-sigcont", len(PAYLOAD)) == PAYLOAD
     store.close()

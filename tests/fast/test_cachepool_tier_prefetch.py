@@ -6,7 +6,6 @@ and a corrupt entry the prefetch reads is refused and never staged or written in
 from __future__ import annotations
 
 import os
-import signal
 import statistics
 import threading
 import time
@@ -256,7 +255,7 @@ def test_a_hung_master_never_holds_the_scheduler_thread(tmp_path, master):
     pf = cache.tiers.prefetch
     pf.hold_s = 0.5
     cache.tiers.stack.retry_s = 0.5
-    os.kill(master.proc.pid, signal.SIGSTOP)
+    master.hang()
     try:
         t0 = time.perf_counter()
         job = pf.start("stuck", array("q", AGAIN))
@@ -269,7 +268,7 @@ def test_a_hung_master_never_holds_the_scheduler_thread(tmp_path, master):
         assert res.device_prefix_len == 0 and time.perf_counter() - t1 < 1.0, t
         assert pf.stats.abandoned == 1 and job.cancelled
     finally:
-        os.kill(master.proc.pid, signal.SIGCONT)
+        master.resume()
     deadline, n = time.monotonic() + 90, 0
     while time.monotonic() < deadline:  # the stuck call returns, then the back-off passes
         n += 1
