@@ -48,6 +48,10 @@ class PrfaasConfig:
         False, "One memory pool for full-attention KV and linear-attention states: SGLang's KV and "
         "Mamba pools become one slab of aligned blocks with one free list, so memory flows to whichever "
         "the load needs. Colocated hybrid models with --radix-cache-backend prfaas_hybrid, --page-size 1.")
+    cpu_query_only_attention: bool = knob(
+        False, "CPU servers (torch_native): an extend after a cached prefix or an earlier chunk attends with its "
+        "new queries only, as GPU attention backends do, instead of padding them to the whole context; a "
+        "prefix hit then saves attention work too. Requests with no prefix compute exactly as stock.")
     tier_host_bytes: int = knob(
         0, "Host-memory tier below the prfaas_hybrid device pool, in bytes (0 = off): evicted KV blocks and "
         "linear-attention state checkpoints (sliding-window models: window pages) are kept here (LRU) and "

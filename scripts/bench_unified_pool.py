@@ -65,6 +65,7 @@ CONFIGS = {
     "hybrid": ("--radix-cache-backend", "prfaas_hybrid"),
     "unified": ("--radix-cache-backend", "prfaas_hybrid", "--prfaas-unified-pool"),
 }
+ATTENTION = {"stock": (), "query-only": ("--prfaas-cpu-query-only-attention",)}  # the same on every server
 BATCH = re.compile(r"#new-seq: (\d+), #new-token: (\d+).*?#running-req: (\d+), #queue-req: (\d+)")
 
 
@@ -158,6 +159,10 @@ def parse_args() -> argparse.Namespace:
                     help="OMP_NUM_THREADS of every server (default: torch's, all cores). On a machine shared with "
                          "other work, 1 makes a busy core slow a server down evenly instead of stalling its OpenMP "
                          "regions on a descheduled thread (decode steps of 0.8-2 s instead of 20 ms were seen)")
+    ap.add_argument("--attention", choices=("stock", "query-only"), default="stock",
+                    help="every server's extend attention: SGLang's torch_native as is (each chunk's queries padded "
+                         "to its whole context), or --prfaas-cpu-query-only-attention (the new queries only, as "
+                         "a GPU backend computes them)")
     args = ap.parse_args()
     args.names = ["sglang"] + [n for n in args.servers.split(",") if n and n != "sglang"]
     unknown = sorted(set(args.names) - set(CONFIGS))
@@ -176,7 +181,8 @@ def main() -> None:
     servers = {name: SGLangServer(ServerSpec(str(path), free_port(), **MEMORY, **profile["sched"],
                                              log_path=f"{args.log_dir}/{name}.log", fork_children=args.fork,
                                              env=server_env(args.omp_threads),
-                                             extra_args=CONFIGS[name] + ("--enable-cache-report",)))
+                                             extra_args=CONFIGS[name] + ("--enable-cache-report",)
+                                             + ATTENTION[args.attention]))
                for name in args.names}
     try:
         for srv in servers.values():
@@ -203,6 +209,7 @@ def report(results: dict, args) -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"model": MODEL, "memory": MEMORY, "profile": args.profile,
                                           **args.profile_used, "seed": args.seed, "fork": args.fork,
+                                          "attention": args.attention,
                                           "omp_threads": args.omp_threads, "summary": summary,
                                           "results": results}, indent=1))
     print("| phase | server | ok | req/s median [min, max] | x sglang (per round) | CPU x sglang (per round) "

@@ -23,6 +23,7 @@ SNAPSHOT = Path(__file__).parent / "data" / "cli_flags.json"
 # circuit breaker.
 # The PrfaaS prefills' KV streaming settings (chunk size, layer-wise groups), for the router's remote estimate.
 # The shared store tier across clusters: its members, its modelled size, and the pricing of a prefix load.
+# --prfaas-cpu-query-only-attention: CPU extend attention over the new queries only, as GPU backends compute it.
 ADDED = {"router": {"--pace-max-s", "--pace-step-s", "--actuator", "--supervisor-urls", "--supervisor-token",
                     "--switch-confirm", "--switch-dwell-s", "--max-concurrent-requests", "--max-body-bytes-in-flight",
                     "--body-timeout-s", "--breaker-failures", "--breaker-cooldown-s", "--store-instances",
@@ -32,7 +33,7 @@ ADDED = {"router": {"--pace-max-s", "--pace-step-s", "--actuator", "--supervisor
                     "--prfaas-optimistic-max-held-tokens",
                     "--prfaas-tier-host-bytes", "--prfaas-tier-storage", "--prfaas-tier-storage-path",
                     "--prfaas-tier-storage-bytes", "--prfaas-tier-mooncake-master", "--prfaas-tier-mooncake-metadata",
-                    "--prfaas-tier-key", "--prfaas-tier-publish"}}
+                    "--prfaas-tier-key", "--prfaas-tier-publish", "--prfaas-cpu-query-only-attention"}}
 
 
 def _action(a: argparse.Action, group: str) -> dict:

@@ -89,9 +89,9 @@ def test_the_report_prints_each_round_and_records_how_the_servers_ran(tmp_path, 
                  "prefix_hit_rate": 0.0, "outputs": [[1, 2]]}]
 
     args = type("A", (), dict(out=str(tmp_path / "r.json"), profile="memory-bound", profile_used={"rounds": 1},
-                              seed=17, fork=True, omp_threads=1))()
+                              seed=17, fork=True, omp_threads=1, attention="query-only"))()
     b.report({"sglang": rows(2.0, 1.0), "unified": rows(2.2, 0.8)}, args)
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| long | unified"))
     assert "| 1.1 (1.10) | 1.25 (1.25) | 3 / 1496 |" in line and line.endswith("| 1/1 |")
     saved = json.loads((tmp_path / "r.json").read_text())
-    assert (saved["fork"], saved["omp_threads"]) == (True, 1)
+    assert (saved["fork"], saved["omp_threads"], saved["attention"]) == (True, 1, "query-only")

@@ -44,9 +44,11 @@ def _specs(log_dir):
                        extra_args=ZMQ + UNIFIED + ("--disaggregation-decode-enable-radix-cache",)),
         "packed_decode": spec(log_dir, "packed_decode", HYBRID, mode="decode", transfer_backend="prfaas_zmq",
                               max_running_requests=1, extra_args=ZMQ),
-        # 16 rows asked; SGLang's Mamba cap would give 24 / 3 = 8
+        # 16 rows asked; SGLang's Mamba cap would give 24 / 3 = 8. Extend attention over the new queries only,
+        # as bench_unified_pool.py --attention query-only runs it: the reference keeps stock torch_native (queries
+        # padded to the whole context), so the colocated checks compare that attention with SGLang's too
         "unified": spec(log_dir, "unified_colocated", HYBRID, chunked_prefill_size=GRID, env=CHECK, **POOL,
-                        max_running_requests=16, extra_args=UNIFIED),
+                        max_running_requests=16, extra_args=UNIFIED + ("--prfaas-cpu-query-only-attention",)),
         # the same reference server as test_cachepool_pd.py / test_router_decode_cache.py (shared)
         "colocated": spec(log_dir, "pool_pd_colocated", HYBRID, chunked_prefill_size=GRID, max_running_requests=1,
                           extra_args=("--disable-radix-cache",)),
@@ -135,6 +137,8 @@ def test_colocated_rows_grow_past_the_mamba_cap(farm):
 
 
 def test_colocated_shared_prompt_hits_and_matches_no_cache(farm, model_paths):
+    text = farm["unified"].log_path.read_text(errors="replace")
+    assert "torch_native extend attends with its new queries only" in text
     system = prompt_ids(model_paths["hybrid"], 300, seed=7)
     questions = [prompt_ids(model_paths["hybrid"], 20, seed=200 + i) for i in range(3)]
     outs = [_gen(farm, system + q) for q in questions]

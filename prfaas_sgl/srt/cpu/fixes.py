@@ -24,6 +24,9 @@ def install(HookRegistry, HookType) -> None:
     from prfaas_sgl.srt.cpu import swa_fixes  # MiMo-V2-Flash: attention sinks and SWA-pool reads on torch_native
 
     swa_fixes.install(HookRegistry, HookType)
+    from prfaas_sgl.srt.cpu import query_only  # opt-in: extend attention over the new queries only
+
+    query_only.install(HookRegistry, HookType)
 
 
 def fla_gated_rmsnorm_on_cpu() -> None:
