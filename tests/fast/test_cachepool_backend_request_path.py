@@ -5,7 +5,9 @@
   in the hash memo (nothing to compare);
 - a checkpoint that can give the tree nothing (every full block inside the locked hit, no state on a
   block boundary) takes no pool request: the lock already pins the hit;
-- the KV slots of a hit whose kv_table rows are not one run come back in order.
+- the KV slots of a hit whose kv_table rows are not one run come back in order;
+- a streaming session's next turn, which rewrites the last turn's array in place, is refused with this
+  backend by SGLang, and would get hits for its own tokens only (hashes.py's module docstring).
 
 Runs on SGLang's real KV allocator (test_cachepool_backend_calls' fixtures, 32-token blocks).
 """
@@ -14,21 +16,29 @@ from __future__ import annotations
 from array import array
 from types import SimpleNamespace as NS
 
+import pytest
 import torch
+from sglang.srt.mem_cache import registry
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
+from prfaas_sgl.cachepool.hashing import block_hashes
+from prfaas_sgl.srt import cachepool_backend
 from prfaas_sgl.srt.cachepool_backend import cache as backend
 from prfaas_sgl.srt.cachepool_backend.mirror import Mirror
 from tests.fast.test_cachepool_backend_calls import CHUNK, FakeKv, _build
 
 
-def _cache():
+def _ctx():
     alloc, states, rtp = _build()
-    ctx = NS(params=NS(page_size=1, token_to_kv_pool_allocator=alloc, req_to_token_pool=rtp),
-             server_args=NS(chunked_prefill_size=CHUNK, disaggregation_mode="null"), is_hybrid_ssm=True,
-             is_hybrid_swa=False, enable_hierarchical_cache=False, disable_radix_cache=False)
-    return backend.build(ctx), alloc, rtp
+    return NS(params=NS(page_size=1, token_to_kv_pool_allocator=alloc, req_to_token_pool=rtp),
+              server_args=NS(chunked_prefill_size=CHUNK, disaggregation_mode="null"), is_hybrid_ssm=True,
+              is_hybrid_swa=False, enable_hierarchical_cache=False, disable_radix_cache=False)
+
+
+def _cache():
+    ctx = _ctx()
+    return backend.build(ctx), ctx.params.token_to_kv_pool_allocator, ctx.params.req_to_token_pool
 
 
 def _match(cache, ids: array, rid: str, row: int = 0):
@@ -180,3 +190,45 @@ def test_a_match_copies_no_tokens_and_a_locked_hit_reads_its_slots_in_place():
     _release(cache, req, node, lock)
     cache.check_integrity()
     assert _match(cache, array("q", ids), "third")[1].device_prefix_len == 96
+
+
+def test_sglang_runs_no_streaming_session_on_this_backend(monkeypatch):
+    """Streaming sessions are SGLang's only in-place rewrite of a request's token array; its tree
+    cache factory refuses them with any cache but its own UnifiedRadixCache, so the memo never sees one."""
+    cachepool_backend.register()
+    memory = NS(radix_cache_backend=cachepool_backend.NAME, enable_hierarchical_cache=False,
+                enable_session_radix_cache=False, radix_eviction_policy="lru")
+    monkeypatch.setattr(registry, "get_memory", lambda: memory)
+    monkeypatch.setattr(registry, "get_serving", lambda: NS(enable_streaming_session=False))
+    assert isinstance(registry.create_tree_cache(_ctx()), backend.PrfaasHybridCache)
+    monkeypatch.setattr(registry, "get_serving", lambda: NS(enable_streaming_session=True))
+    with pytest.raises(NotImplementedError, match="--enable-streaming-session"):
+        registry.create_tree_cache(_ctx())
+
+
+def test_a_session_turn_rewriting_the_last_turns_array_in_place_hits_only_its_own_tokens():
+    """What session_controller._share_token_arrays does to the array, were sessions allowed here: turn
+    2 appends to turn 1's array and is aborted while waiting (matched, never released: its memo entry
+    stays); turn 3 trims the same array back to turn 1's length and appends other tokens. Turn 3's
+    hashes are those of its own tokens, turn 2's stale entry is not read for it, and the pool then
+    serves each content only its own hit (32-token blocks, states at 32, 64, 96)."""
+    cache, alloc, rtp = _cache()
+    ids = array("q", range(100, 170))  # turn 1: blocks [0, 64) and their states cached
+    _serve(cache, alloc, rtp, ids, "turn1")
+    committed = len(ids)
+    ids.extend(range(500, 530))  # turn 2: 100 tokens, block [64, 96) not cached
+    turn2 = array("q", ids)
+    assert _match(cache, ids, "turn2")[1].device_prefix_len == 64
+    stale = cache.memo._by_rid["turn2"]
+    assert stale.tokens is ids and stale.hashes == block_hashes(turn2, 32, cache.memo.seed)[:3]
+    del ids[committed:]  # turn 3, in place
+    ids.extend(range(900, 930))
+    want = block_hashes(ids, 32, cache.memo.seed)
+    req, m = _match(cache, ids, "turn3")
+    assert m.device_prefix_len == 64 and m.last_device_node.hashes == tuple(want[:2])
+    assert cache.memo._by_rid["turn3"].hashes == want[:3] != stale.hashes  # the same array, its own hashes
+    cache.on_release(req, checkpointed=False)
+    assert _serve(cache, alloc, rtp, ids, "turn3") == 64
+    assert _match(cache, ids + array("q", [1]), "again")[1].device_prefix_len == 96
+    assert _match(cache, turn2 + array("q", [1]), "turn2-copy")[1].device_prefix_len == 64
+    cache.check_integrity()

@@ -45,9 +45,9 @@ _ONE_TOKEN = array("q", [0])  # see checkpoint
 
 class Node:
     """A match handle: tokens [0, length) of `ids` and their block hashes (length == bs * len(hashes)).
-    `ids` is the request's own array, not a copy (128K ids are a 1 MB copy per match): SGLang only
-    appends to a request's token array or replaces it, so its first `length` tokens never change.
-    Compared by identity."""
+    `ids` is the request's own array, not a copy (128K ids are a 1 MB copy per match); only `hashes`
+    is read on the request path (lock, slots), and SGLang only appends to the array while the request
+    lives (hashes.py says when it is rewritten). Compared by identity."""
 
     __slots__ = ("ids", "length", "hashes")
     # BasePrefixCache.dfs_weight_order walks `children`; handles are flat (no tree)

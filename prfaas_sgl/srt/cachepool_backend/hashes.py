@@ -6,6 +6,18 @@ per call (tens of ms at 128K tokens) and O(length^2 / chunk) per request. Here e
 are extended by the blocks that became full since the last call, chained from its last hash, so a
 block is hashed once per request; a token list that is not an extension of the kept one (SGLang
 replaces the prompt of an aborted request) is hashed again from scratch.
+
+Arrays are kept, not copied, so an entry trusts that a kept array's hashed tokens do not change while
+it is looked up. SGLang 0.5.23 changes a request's token array in place by appending only
+(Req.refresh_fill_ids), or replaces it, with one exception: a streaming session's next turn trims the
+last finished turn's array back to its committed length and extends it with new tokens, and the new
+request carries that same array (session_controller._share_token_arrays). That never reaches this
+backend: SGLang refuses --enable-streaming-session with any tree cache but UnifiedRadixCache
+(mem_cache/registry.create_tree_cache), and only that cache's finish hook sets the committed length.
+Were it allowed, a turn is trimmed only after it finished or aborted: a released turn's entry is
+dropped (on_release) and its pool request, which holds the array, is freed; a turn aborted while
+waiting keeps an entry whose hashes describe the old tokens, but entries are found by rid, and the
+next turn's rid starts its own entry hashed from the new tokens.
 """
 from __future__ import annotations
 
@@ -21,10 +33,10 @@ from prfaas_sgl.cachepool.hashing import extend_hashes, hashes_until_miss
 
 class RequestHashes:
     """tokens: array("q") of the longest token list seen for the request, the caller's own array when
-    it passed one (SGLang's req.full_untruncated_fill_ids, not copied: SGLang only appends to it or
-    replaces it); hashes: a prefix of block_hashes(tokens). Neither shrinks, and tokens [0, n) never
-    change once seen (the pool and match handles keep references). source: the caller's array that
-    tokens last agreed with, or None."""
+    it passed one (SGLang's req.full_untruncated_fill_ids, not copied; the pool and match handles keep
+    it too); hashes: a prefix of block_hashes(tokens). Neither shrinks. While the request lives,
+    SGLang only appends to its array (the module docstring says which array changes otherwise, and
+    why no entry reads it then). source: the caller's array that tokens last agreed with, or None."""
 
     __slots__ = ("tokens", "hashes", "source")
 
@@ -73,7 +85,7 @@ class HashMemo:
         objects) and copies both."""
         if ids is kept.tokens:  # the caller's array, appended to in place since the last call
             return True
-        if ids is not kept.source:  # SGLang only appends to a request's token array, or replaces it
+        if ids is not kept.source:  # a request's own array is only appended to while it lives
             n = min(len(ids), len(kept.tokens))
             if not np.array_equal(np.frombuffer(kept.tokens, np.int64, n), np.frombuffer(ids, np.int64, n)):
                 return False
