@@ -12,10 +12,7 @@ Greedy tokens equal a colocated server with prefix caching off on every prompt; 
 after every release (PRFAAS_CACHEPOOL_CHECK=1)."""
 from __future__ import annotations
 
-import json
 import re
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,7 +23,7 @@ from prfaas_sgl.tools.launch import free_port
 from .conftest import HYBRID, farm_for, reference_spec, spec
 from .pd import generate_body, pd_generate, post
 from .prompts import prompt_ids
-from .scrape import wait_metric
+from .scrape import acked_bytes, settled_bytes, stats_url_of, wait_metric
 
 pytestmark = pytest.mark.sglang
 BS = 16  # the decode cache's index block
@@ -63,32 +60,15 @@ def _specs(log_dir):
 farm = farm_for(_specs, shared=("nocache",))
 
 
-def _sent_bytes(farm) -> int:
-    args = farm["prefill"].spec.extra_args
-    port = int(args[args.index("--prfaas-zmq-stats-port") + 1])
-    doc = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10).read())
-    return sum(link["bytes_total"] for link in doc["links"].values())
-
-
-def _settled(farm, before: int) -> int:
-    """The prefill's sent bytes once they stop growing (the last ack can land just after decode answers)."""
-    last, deadline = _sent_bytes(farm), time.monotonic() + 10
-    while time.monotonic() < deadline:
-        time.sleep(0.3)
-        now = _sent_bytes(farm)
-        if now == last and now > before:
-            return now
-        last = now
-    return last
-
-
 def _pd(farm, decode: str, ids: list[int]) -> tuple[dict, int]:
     """(decode's answer, bytes the prefill sent for it); tokens checked against the no-cache server."""
-    p, before = farm["prefill"], _sent_bytes(farm)
+    p = farm["prefill"]
+    url = stats_url_of(p)
+    before = acked_bytes(url)
     out = pd_generate(p.url, farm[decode].url, p.spec.bootstrap_port, generate_body(ids, NEW))
     assert "output_ids" in out and not out.get("error"), out
     assert out["output_ids"] == post(farm["nocache"].url + "/generate", generate_body(ids, NEW))["output_ids"]
-    return out, _settled(farm, before) - before
+    return out, settled_bytes(url, before) - before
 
 
 def _cold(farm, decode: str, path: str, seed: int) -> tuple[list[list[int]], int, int]:

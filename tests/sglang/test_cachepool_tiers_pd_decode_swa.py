@@ -16,7 +16,8 @@ from prfaas_sgl.tools.models.tiny import ensure
 from .conftest import farm_for, spec
 from .pd import generate_body, pd_generate, post
 from .prompts import prompt_ids
-from .test_cachepool_tiers_pd_decode import DECODE, ZMQ, _sent_bytes, _settled
+from .scrape import acked_bytes, settled_bytes, stats_url_of
+from .test_cachepool_tiers_pd_decode import DECODE, ZMQ
 
 pytestmark = pytest.mark.sglang
 MIMO = "tiny-mimo-v2-swa"
@@ -44,11 +45,13 @@ farm = farm_for(_specs)
 
 
 def _pd(farm, ids: list[int]) -> int:
-    p, before = farm["prefill"], _sent_bytes(farm)
+    p = farm["prefill"]
+    url = stats_url_of(p)
+    before = acked_bytes(url)
     out = pd_generate(p.url, farm["decode"].url, p.spec.bootstrap_port, generate_body(ids, NEW))
     assert "output_ids" in out and not out.get("error"), out
     assert out["output_ids"] == post(farm["nocache"].url + "/generate", generate_body(ids, NEW))["output_ids"]
-    return _settled(farm, before) - before
+    return settled_bytes(url, before) - before
 
 
 def test_an_swa_prefix_the_decode_evicted_comes_back_from_its_host_tier_into_full_pages(farm):

@@ -10,10 +10,7 @@ one server start here instead of a farm of three in test_layerwise.py."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -29,6 +26,7 @@ from .pd import generate_body, pd_generate, post
 from .prompt_trees import check_tree, prompt_tree
 from .prompts import prompt_ids
 from .reference import hf_greedy
+from .scrape import acked_bytes, settled_bytes
 
 pytestmark = pytest.mark.sglang
 NEW = 8
@@ -89,23 +87,6 @@ def family(request, log_dir):
         yield request.param, str(ensure(request.param)), farm, stats_urls
     finally:
         farm.stop()
-
-
-def acked_bytes(stats_url: str) -> int:
-    with urllib.request.urlopen(stats_url, timeout=10) as r:
-        return sum(link["bytes_total"] for link in json.loads(r.read())["links"].values())
-
-
-def settled_bytes(stats_url: str, before: int, timeout_s: float = 10.0) -> int:
-    """Acknowledged bytes once they stop growing (the last ack can land just after decode answers)."""
-    last, deadline = acked_bytes(stats_url), time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-        now = acked_bytes(stats_url)
-        if now == last and now > before:
-            return now
-        last = now
-    return last
 
 
 @pytest.mark.parametrize("length", LENGTHS)
