@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -148,3 +149,15 @@ def _children() -> set[int]:
         except (OSError, ValueError, IndexError):
             continue
     return pids
+
+
+def test_a_hung_master_has_every_thread_stopped_when_hang_returns(master):
+    """kill(SIGSTOP) only queues the stop; the fault tests above read a miss right after it, so hang() must
+    return only once none of the master's threads can answer (with two busy cores, 84 of 200 plain kills
+    left some of its 22 threads running for up to 6 ms)."""
+    for _ in range(20):
+        master.hang()
+        states = {(t / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                  for t in Path(f"/proc/{master.proc.pid}/task").iterdir()}
+        assert states == {"T"}, states
+        master.resume()
