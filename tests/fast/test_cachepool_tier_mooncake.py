@@ -24,8 +24,23 @@ def master():
     m.stop()
 
 
-def test_entries_spill_from_host_to_mooncake_and_come_back(master):
-    store = MooncakeStoreBackend(master.addr)
+@pytest.fixture
+def connect(master):
+    """Clients of `master`, closed before it stops: an unclosed Mooncake client pings its stopped master
+    from background threads for the rest of the pytest process (a log line every few seconds)."""
+    made = []
+
+    def client() -> MooncakeStoreBackend:
+        made.append(MooncakeStoreBackend(master.addr))
+        return made[-1]
+
+    yield client
+    for store in made:
+        store.close()
+
+
+def test_entries_spill_from_host_to_mooncake_and_come_back(connect):
+    store = connect()
     stack = TierStack(FP, HostTier(HEADER_BYTES + len(PAYLOAD)), store)
     stack.put(KV, 1, PAYLOAD)
     stack.put(STATE, 1, PAYLOAD[::-1])  # pushes KV 1 into Mooncake
@@ -35,8 +50,8 @@ def test_entries_spill_from_host_to_mooncake_and_come_back(master):
     assert (stack.stats.storage_hits, stack.stats.host_hits, stack.stats.misses) == (1, 1, 0)
 
 
-def test_a_corrupt_mooncake_entry_is_a_miss_and_is_removed(master):
-    store = MooncakeStoreBackend(master.addr)
+def test_a_corrupt_mooncake_entry_is_a_miss_and_is_removed(connect):
+    store = connect()
     stack = TierStack(FP, None, store)
     bad = bytearray(encode(FP, KV, 3, PAYLOAD))
     bad[-1] ^= 1
@@ -45,8 +60,8 @@ def test_a_corrupt_mooncake_entry_is_a_miss_and_is_removed(master):
     assert stack.stats.corrupt == 1 and not store.exists(FP.key(KV, 3))
 
 
-def test_a_dead_then_empty_master_gives_misses_and_the_tier_recovers(master):
-    store = MooncakeStoreBackend(master.addr)
+def test_a_dead_then_empty_master_gives_misses_and_the_tier_recovers(master, connect):
+    store = connect()
     stack = TierStack(FP, None, store, retry_s=1.0)
     stack.put(KV, 10, PAYLOAD)
     master.stop()
@@ -65,15 +80,15 @@ def test_a_dead_then_empty_master_gives_misses_and_the_tier_recovers(master):
     assert stack.get(KV, 12, len(PAYLOAD)) == PAYLOAD
 
 
-def test_entries_injected_straight_into_the_master_are_refused_under_a_tier_key(master):
+def test_entries_injected_straight_into_the_master_are_refused_under_a_tier_key(connect):
     """Anyone who reaches mooncake_master can put any key: an unsigned entry and one signed under another
     key, each well formed for this model, are refused by a keyed reader, counted and removed; the
     reader's own signed entry loads."""
     key = b"k" * 64
-    attacker = MooncakeStoreBackend(master.addr)  # a second client of the same master
+    attacker = connect()  # a second client of the same master
     assert attacker.put(FP.key(KV, 20), encode(FP, KV, 20, PAYLOAD))
     assert attacker.put(FP.key(STATE, 20), encode(FP, STATE, 20, PAYLOAD, b"x" * 64))
-    stack = TierStack(FP, None, MooncakeStoreBackend(master.addr), key=key)
+    stack = TierStack(FP, None, connect(), key=key)
     assert stack.get(KV, 20, len(PAYLOAD)) is None and stack.get(STATE, 20, len(PAYLOAD)) is None
     assert stack.stats.refused_mac == 2 and stack.stats.corrupt == 0
     assert not attacker.exists(FP.key(KV, 20)) and not attacker.exists(FP.key(STATE, 20))
@@ -81,11 +96,11 @@ def test_entries_injected_straight_into_the_master_are_refused_under_a_tier_key(
     assert stack.get(KV, 22, len(PAYLOAD)) == PAYLOAD
 
 
-def test_a_hung_master_holds_the_caller_no_longer_than_the_call_deadline(master):
+def test_a_hung_master_holds_the_caller_no_longer_than_the_call_deadline(master, connect):
     """A stopped (SIGSTOP) master accepts connections and never answers: Mooncake's client then holds each
     call for 30 s (measured). With a 1 s deadline the get is a miss after ~1 s, the tier is skipped, the
     stuck call blocks nothing else, and once the master runs again the entry loads."""
-    store = MooncakeStoreBackend(master.addr)
+    store = connect()
     stack = TierStack(FP, None, store, retry_s=0.5, call_timeout_s=1.0)
     stack.put(KV, 30, PAYLOAD)
     master.hang()
