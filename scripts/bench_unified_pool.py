@@ -159,7 +159,7 @@ def parse_args() -> argparse.Namespace:
                     help="OMP_NUM_THREADS of every server (default: torch's, all cores). On a machine shared with "
                          "other work, 1 makes a busy core slow a server down evenly instead of stalling its OpenMP "
                          "regions on a descheduled thread (decode steps of 0.8-2 s instead of 20 ms were seen)")
-    ap.add_argument("--attention", choices=("stock", "query-only"), default="stock",
+    ap.add_argument("--attention", choices=sorted(ATTENTION), default="stock",
                     help="every server's extend attention: SGLang's torch_native as is (each chunk's queries padded "
                          "to its whole context), or --prfaas-cpu-query-only-attention (the new queries only, as "
                          "a GPU backend computes them)")
